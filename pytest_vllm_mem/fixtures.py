@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 from typing import Callable
 
 import pytest
@@ -147,11 +146,8 @@ def measured_load(server: VLLMServer, **load_args) -> LoadResult:
             failure = type(failure)(kind="crash", summary=f"the server died during the load: {failure.summary}",
                                     root_cause=failure.root_cause, figures=failure.figures)
     if failure is not None:
-        result.ok = False
         result.failure = failure
         result.advice = advise(failure, server.launched, server.memory, peak_bytes=result.peak_memory_bytes)
-    else:
-        result.advice = []
     return result
 
 
@@ -169,7 +165,3 @@ def load_failure_message(server: VLLMServer, result: LoadResult) -> str:
         lines += [f"      or: {step}" for step in result.advice[1:]]
     lines.append(f"full log: {server.log_path}")
     return "\n".join(lines)
-
-
-def median_of(values: list[float]) -> float:
-    return float(statistics.median(values)) if values else 0.0

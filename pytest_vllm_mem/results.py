@@ -54,9 +54,9 @@ class TestRecord:
             "load_peak_memory": lambda d: d.get("peak_memory_bytes"),
             "output_throughput": lambda d: d.get("output_throughput"),
             "request_throughput": lambda d: d.get("request_throughput"),
-            "ttft_p50": lambda d: d["ttft"]["p50"],
-            "ttft_p99": lambda d: d["ttft"]["p99"],
-            "tpot_p50": lambda d: d["tpot"]["p50"],
+            "ttft_p50": lambda d: d["ttft_ms"]["p50"],
+            "ttft_p99": lambda d: d["ttft_ms"]["p99"],
+            "tpot_p50": lambda d: d["tpot_ms"]["p50"],
         }
         for name, get in pick.items():
             samples = [v for v in (get(load) for load in ok_loads) if v]
