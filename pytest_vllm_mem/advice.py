@@ -136,7 +136,7 @@ def _host_memory(diagnosis: Diagnosis, config: "VLLMConfig", memory: StartupMemo
             f"gpu_memory_utilization {shown} -> {_fmt(target)} (on CPU it sets the worker's share of the "
             f"{total:.2f} GiB node: {figures.get('requested_gib', current * total):.2f} GiB now, but the worker "
             f"already uses {non_kv:.2f} GiB before its KV cache)",
-            f"or size the CPU KV cache directly: env VLLM_CPU_KVCACHE_SPACE=1 (GiB; the node has "
+            f"size the CPU KV cache directly: env VLLM_CPU_KVCACHE_SPACE=1 (GiB; the node has "
             f"{figures.get('available_gib', 0):.2f} GiB available)",
         ]
     if kv is not None and total and figures.get("available_gib") is not None:
@@ -145,7 +145,7 @@ def _host_memory(diagnosis: Diagnosis, config: "VLLMConfig", memory: StartupMemo
             fit = _floor_to(available * 0.9, 0.25)
             return [f"lower the explicit KV cache size {kv:.2f} GiB -> {_fmt(fit)} GiB (node has {available:.2f} "
                     "GiB available): --kv-cache-memory-bytes or VLLM_CPU_KVCACHE_SPACE",
-                    "or stop other processes that hold host memory"]
+                    "stop other processes that hold host memory"]
         # Auto size: requested_for_kv = requested - non_kv must fit in what the node has available.
         requested = figures["requested_gib"]
         target = _floor_to((available + requested - kv) * 0.95 / total, 0.05)
@@ -326,3 +326,10 @@ def advise(diagnosis: Diagnosis | None, config: "VLLMConfig", memory: StartupMem
     if kind == "timeout":
         return _timeout(diagnosis)
     return _crash(diagnosis)
+
+
+def render_steps(steps: list[str]) -> list[str]:
+    """The ladder as failure-message lines: the best rung first, the alternatives under it."""
+    if not steps:
+        return []
+    return [f"next step: {steps[0]}"] + [f"       or: {step}" for step in steps[1:]]

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Mapping
 from typing import Any, Union
 
 FlagValue = Union[str, int, float, bool, None, tuple]
 
-# Environment keys whose values must never appear in reports or ids.
-_SECRET_HINTS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
+# Environment keys and flags whose values must never appear in reports, ids or baseline files.
+_SECRET_HINTS = ("TOKEN", "KEY", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "AUTH")
+_MASK = "***"
 
 
 class ConfigError(ValueError):
@@ -25,6 +27,10 @@ def _normalize_value(key: str, value: Any) -> FlagValue:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)):
+        # Fix: an empty list rendered as a bare `--flag`, which vLLM rejects ("expected at least one argument").
+        if not value:
+            raise ConfigError(f"VLLMConfig flag {key}=[]: an empty list cannot become a vLLM command-line value; "
+                              "pass at least one value, or None to omit the flag.")
         return tuple(str(v) for v in value)
     if isinstance(value, Mapping):
         # vLLM takes dict-valued flags (e.g. --compilation-config) as JSON strings.
@@ -38,9 +44,33 @@ def _normalize_value(key: str, value: Any) -> FlagValue:
     )
 
 
-def is_secret_env_key(key: str) -> bool:
-    upper = key.upper()
-    return any(hint in upper for hint in _SECRET_HINTS)
+def is_secret_key(key: str) -> bool:
+    """HF_TOKEN, OPENAI_API_KEY, NGROK_AUTHTOKEN, api_key, hf_token: a name part that ends with a secret word.
+
+    Fix: matched by name part, not substring, so TOKENIZERS_PARALLELISM and max_num_batched_tokens stay readable.
+    """
+    parts = re.split(r"[^A-Za-z0-9]+", key.upper())
+    return any(part.endswith(hint) for part in parts for hint in _SECRET_HINTS)
+
+
+is_secret_env_key = is_secret_key  # the original name
+
+
+def _rendered(value: FlagValue) -> tuple[str, ...]:
+    """The argv words after a flag name: () for a bare flag."""
+    if value is True:
+        return ()
+    if isinstance(value, tuple):
+        return value
+    return (str(value),)
+
+
+def _flag_args(flags: Mapping[str, FlagValue]) -> list[str]:
+    args: list[str] = []
+    for key, value in flags.items():
+        if value is not None and value is not False:
+            args += [flag_name(key), *_rendered(value)]
+    return args
 
 
 class VLLMConfig:
@@ -59,8 +89,10 @@ class VLLMConfig:
                 f"VLLMConfig model {model!r} is not usable: pass a model name or a local model folder as a "
                 "non-empty string, e.g. VLLMConfig('meta-llama/Llama-2-7b-chat-hf')."
             )
-        for key in ("model", "host", "port"):
-            if key in flags:
+        # Fix: compared by flag name, so spellings such as "--port" are refused too, not passed twice. (A
+        # plain model= keyword never reaches here: Python reports it as a second value for the model argument.)
+        for key in flags:
+            if flag_name(key) in ("--model", "--host", "--port"):
                 raise ConfigError(
                     f"VLLMConfig flag {key}= is set by the plugin itself (model is the first argument; the server "
                     "always binds 127.0.0.1 on a free port). Remove it from the config."
@@ -68,11 +100,14 @@ class VLLMConfig:
         normalized = {key.replace("-", "_"): _normalize_value(key, value) for key, value in flags.items()}
         env_items = {str(k): str(v) for k, v in (env or {}).items()}
         object.__setattr__(self, "model", model)
-        object.__setattr__(self, "flags", dict(sorted(normalized.items())))
+        # Fix: flags keep the caller's order, so the command line reads as written (identity below is sorted).
+        object.__setattr__(self, "flags", normalized)
         object.__setattr__(self, "env", dict(sorted(env_items.items())))
-        # Omitted flags (False/None) do not change the command, so they do not change identity either.
-        key = (model, tuple((k, v) for k, v in self.flags.items() if v is not None and v is not False),
-               tuple(self.env.items()))
+        # Identity is the command the server runs, in sorted flag order: omitted flags (False/None) do not count,
+        # 4096 and "4096" are the same server. Fix: comparing raw values made `x=1` equal `x=True` (1 == True in
+        # Python) although one is `--x 1` and the other a bare `--x`.
+        rendered = sorted((flag_name(k), _rendered(v)) for k, v in normalized.items() if v is not None and v is not False)
+        key = (model, tuple(rendered), tuple(self.env.items()))
         object.__setattr__(self, "_key", key)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -91,7 +126,8 @@ class VLLMConfig:
 
     def with_flags(self, **changes: Any) -> "VLLMConfig":
         """A copy with some flags changed (None removes one)."""
-        merged = {**self.flags, **changes}
+        # Fix: normalize dashes as __init__ does, so with_flags(**{"max-model-len": None}) removes max_model_len.
+        merged = {**self.flags, **{key.replace("-", "_"): value for key, value in changes.items()}}
         return VLLMConfig(self.model, env=self.env, **merged)
 
     def with_env(self, **changes: str) -> "VLLMConfig":
@@ -99,38 +135,35 @@ class VLLMConfig:
 
     def cli_args(self) -> list[str]:
         """The arguments after the server entry point: `--model M --flag value ...`."""
-        args = ["--model", self.model]
-        for key, value in self.flags.items():
-            if value is None or value is False:
-                continue
-            if value is True:
-                args.append(flag_name(key))
-            elif isinstance(value, tuple):
-                args.append(flag_name(key))
-                args.extend(value)
-            else:
-                args.extend([flag_name(key), str(value)])
-        return args
+        return ["--model", self.model, *_flag_args(self.flags)]
 
     def masked_env(self) -> dict[str, str]:
-        return {k: ("***" if is_secret_env_key(k) else v) for k, v in self.env.items()}
+        return {k: (_MASK if is_secret_key(k) else v) for k, v in self.env.items()}
+
+    def masked_flags(self) -> dict[str, FlagValue]:
+        """Flags with secret values (api_key, hf_token) replaced by ***; a bare flag (True) shows nothing secret.
+
+        Fix: str()/repr()/short_id() end up in test ids, reports and committed baseline files; only env was masked.
+        """
+        return {k: (_MASK if is_secret_key(k) and v is not None and not isinstance(v, bool) else v)
+                for k, v in self.flags.items()}
 
     def __str__(self) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.masked_env().items())
-        command = "vllm serve " + shlex.join([self.model, *self.cli_args()[2:]])
+        command = "vllm serve " + shlex.join([self.model, *_flag_args(self.masked_flags())])
         return f"{env} {command}" if env else command
 
     def __repr__(self) -> str:
         parts = [repr(self.model)]
         if self.env:
             parts.append(f"env={self.masked_env()!r}")
-        parts += [f"{k}={v!r}" for k, v in self.flags.items()]
+        parts += [f"{k}={v!r}" for k, v in self.masked_flags().items()]
         return f"VLLMConfig({', '.join(parts)})"
 
     def short_id(self) -> str:
         """The flags only, compact, for pytest ids and table rows: `gmu=0.7,max-model-len=4096,enforce-eager`."""
         parts = []
-        for key, value in self.flags.items():
+        for key, value in self.masked_flags().items():
             if value is None or value is False:
                 continue
             name = key.replace("_", "-")

@@ -6,6 +6,7 @@ from typing import Callable
 
 import pytest
 
+from .advice import advise, render_steps
 from .config import VLLMConfig
 from .diagnose import classify_failure, find_memory_error
 from .load import LoadResult, run_load
@@ -76,6 +77,20 @@ def vllm_start(request: pytest.FixtureRequest) -> Callable[[VLLMConfig], VLLMSer
     return start
 
 
+startup_failure_key = pytest.StashKey[VLLMStartupError]()
+
+
+class FailedServer:
+    """Stands in for a server that did not start: the test fails in its call phase (a failed test, not a setup
+    error), and any fixture that touches the server raises the same classified error."""
+
+    def __init__(self, error: VLLMStartupError) -> None:
+        self._error = error
+
+    def __getattr__(self, name: str):
+        raise self._error
+
+
 @pytest.fixture
 def vllm_server(request: pytest.FixtureRequest, vllm_config: VLLMConfig) -> VLLMServer:
     """A healthy server for vllm_config, reused by later tests with an equal config. A failed startup fails the test
@@ -86,7 +101,8 @@ def vllm_server(request: pytest.FixtureRequest, vllm_config: VLLMConfig) -> VLLM
     except VLLMStartupError as error:
         error.requested = vllm_config
         record_for(request, error).failure = _failure_dict(error)
-        raise
+        request.node.stash[startup_failure_key] = error
+        return FailedServer(error)  # type: ignore[return-value]
     record_for(request, server)
     return server
 
@@ -127,8 +143,6 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: VLLMServer) -> Callab
 
 def measured_load(server: VLLMServer, **load_args) -> LoadResult:
     """One load against `server` with the memory sampler marking it; diagnoses a death or OOM during the load."""
-    from .advice import advise
-
     sampler = server.sampler
     log_offset = len(server.log_text())
     sampler.sample_now()
@@ -160,8 +174,6 @@ def load_failure_message(server: VLLMServer, result: LoadResult) -> str:
         lines.append("root cause (from the server log):")
         lines += [f"    {line}" for line in failure.root_cause]
     lines.append(f"command: {server.launched}")
-    if result.advice:
-        lines.append("next step: " + result.advice[0])
-        lines += [f"      or: {step}" for step in result.advice[1:]]
+    lines += render_steps(result.advice)
     lines.append(f"full log: {server.log_path}")
     return "\n".join(lines)

@@ -10,6 +10,7 @@ import pytest
 from .baseline import (BaselineEntry, BaselineError, BaselineStore, EnvKey, Tolerance, ToleranceError, compare,
                        format_gate_failure, gate_failures, git_commit, parse_tolerance_mapping,
                        parse_tolerance_spec, resolve_tolerances)
+from .advice import advise, render_steps
 from .results import TestRecord
 from .settings import UsageError
 from .units import format_bytes
@@ -52,15 +53,13 @@ def tier_problem(record: TestRecord, tier_is_auto: bool) -> str | None:
 
 def evaluate_record(state: "SessionState", record: TestRecord, marker: dict[str, Tolerance]) -> str | None:
     """Compare `record` with the tier and the baseline; returns the failure text, or None when the test passes."""
-    from .advice import advise
-
     problems = []
     over_tier = tier_problem(record, state.tier.auto)
     if over_tier:
         server = record.timeline.get("server") if record.timeline else None
         steps = advise(None, server.launched, server.memory, tier_bytes=record.tier_bytes,
                        peak_bytes=record.peak_memory_bytes) if server else []
-        problems.append(over_tier + "".join(f"\nnext step: {step}" for step in steps[:1]))
+        problems.append("\n".join([over_tier, *render_steps(steps)]))
     metrics = record.metrics()
     if not metrics:
         return "\n\n".join(problems) or None

@@ -9,7 +9,7 @@ from typing import Generator
 import pytest
 
 from . import fixtures as _fixtures  # noqa: F401  (registers the fixtures with this plugin)
-from .fixtures import LoadFailed, vllm_config, vllm_load, vllm_server, vllm_start  # noqa: F401
+from .fixtures import LoadFailed, startup_failure_key, vllm_config, vllm_load, vllm_server, vllm_start  # noqa: F401
 from .gate import evaluate_record, marker_tolerances, tolerance_layers
 from .report import ReportWriter
 from .results import RECORD_PROPERTY, TestRecord
@@ -94,6 +94,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     """After a passing test body, gate its figures: tier limit and baseline regressions fail the test here, through
     the normal report (not from a summary hook)."""
+    startup_failure = item.stash.get(startup_failure_key, None)
+    if startup_failure is not None:
+        raise startup_failure  # the server this test needs did not start: the test fails, it does not run
     result = yield
     state: SessionState = item.config.stash[state_key]
     record = state.records.get(item.nodeid)

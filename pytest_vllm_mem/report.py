@@ -38,11 +38,17 @@ def baseline_cell(record: TestRecord) -> tuple[str, str | None]:
     improved = [c for c in record.comparisons if c["status"] == "improved"]
     if regressed:
         c = regressed[0]
-        return f"{c['metric']} {c['change_pct']:+.1f}%", "red"
+        return f"{c['metric']} {_change(c)}", "red"
     if improved:
         c = improved[0]
-        return f"{c['metric']} {c['change_pct']:+.1f}% (update?)", "yellow"
+        return f"{c['metric']} {_change(c)} (update?)", "yellow"
     return "within tolerance", "green"
+
+
+def _change(comparison: dict[str, Any]) -> str:
+    # Fix: change_pct is None against a baseline of 0 (a hand-edited file); formatting it crashed the summary.
+    pct = comparison.get("change_pct")
+    return f"{pct:+.1f}%" if pct is not None else "from 0"
 
 
 def table_rows(records: list[TestRecord]) -> list[tuple[list[str], str | None]]:
@@ -66,7 +72,8 @@ def table_rows(records: list[TestRecord]) -> list[tuple[list[str], str | None]]:
 
 
 def format_table(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(COLUMNS[i]), *(len(row[i]) for row in rows)) for i in range(len(COLUMNS))]
+    # Fix: max(x, *()) is max(x), a TypeError, so a table without rows crashed; max([...]) takes one or more.
+    widths = [max([len(COLUMNS[i]), *(len(row[i]) for row in rows)]) for i in range(len(COLUMNS))]
     line = lambda cells: "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(cells)).rstrip()  # noqa: E731
     return [line(COLUMNS), line(["-" * w for w in widths])] + [line(row) for row in rows]
 

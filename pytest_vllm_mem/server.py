@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 import requests
 
+from .advice import render_steps
 from .config import VLLMConfig
 from .diagnose import Diagnosis, StartupMemory, classify_failure, parse_startup_memory, timeout_diagnosis
 from .memory import DeviceInfo, MemoryProbe, MemorySampler
@@ -70,9 +71,7 @@ class VLLMStartupError(Exception):
             lines.append("root cause (from the server log):")
             lines += [f"    {line}" for line in self.diagnosis.root_cause]
         lines.append(f"command: {self.config}")
-        if self.advice:
-            lines.append("next step: " + self.advice[0])
-            lines += [f"      or: {step}" for step in self.advice[1:]]
+        lines += render_steps(self.advice)
         if self.log_path:
             lines.append(f"full log: {self.log_path}")
         return "\n".join(lines)

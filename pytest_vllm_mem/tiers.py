@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from .config import VLLMConfig
 from .units import format_bytes
 
-_TIER_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gb|gib|g)?\s*$", re.IGNORECASE)
+# Fix: the unit is required and `g` is refused. A bare `24` or `24g` was read as GB, while torch and vLLM's logs
+# count GiB: the same reason units.parse_size refuses single letters. 24gb and 24gib differ by 7%.
+_TIER_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gb|gib)\s*$", re.IGNORECASE)
 GIB = 2**30
 # Scaling utilization for a difference under 0.5% only adds noise to the command line.
 _EMULATION_THRESHOLD = 1.005
@@ -43,12 +45,16 @@ def parse_tier(text: str, *, source: str = "--vllm-gpu") -> Tier | None:
         raise TierError(
             f"{source}={text!r} is not a GPU memory tier. Accepted: a size in gigabytes such as 8gb, 12gb, 16gb, 24gb, "
             "40gb, 48gb, 80gb, 141gb (1 GB = 10^9 bytes, as printed on cards), NNgib for binary gibibytes "
-            "(24gib = 24 * 2^30 bytes), or auto (the total memory of the device the server runs on)."
+            "(24gib = 24 * 2^30 bytes), or auto (the total memory of the device the server runs on). The unit is "
+            "required: a bare number such as 24, or 24g, is refused because tools disagree on whether it means GB "
+            "or GiB."
         )
     number = float(match.group(1))
-    unit = (match.group(2) or "gb").lower()
-    size = int(number * (GIB if unit == "gib" else 10**9))
-    label = f"{match.group(1)}{'gib' if unit == 'gib' else 'gb'}"
+    unit = match.group(2).lower()
+    size = round(number * (GIB if unit == "gib" else 10**9))
+    # Fix: the label is canonical (24.0gb, 024gb and "24 GB" are all 24gb): it keys baseline entries, so spellings
+    # of one tier must not split them.
+    label = f"{number:f}".rstrip("0").rstrip(".") + unit
     return Tier(label, size)
 
 

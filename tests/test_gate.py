@@ -1,0 +1,238 @@
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pytest_vllm_mem.baseline import BaselineEntry, BaselineStore, Tolerance
+from pytest_vllm_mem.gate import baseline_entries, env_key, evaluate_record, tier_problem
+from pytest_vllm_mem.results import TestRecord
+from pytest_vllm_mem.settings import UsageError
+
+GIB = 2**30
+TEST_ID = "tests/test_serving.py::test_chat[tiny]"
+
+
+def load(throughput: float = 1000.0, peak: int = 5 * GIB, ttft_p99: float = 90.0, completed: int = 16) -> dict:
+    return {"ok": True, "completed": completed, "num_prompts": 16, "peak_memory_bytes": peak,
+            "output_throughput": throughput, "request_throughput": 2.0,
+            "ttft_ms": {"mean": 50.0, "p50": 45.0, "p90": 80.0, "p99": ttft_p99},
+            "tpot_ms": {"mean": 10.0, "p50": 10.0, "p90": 12.0, "p99": 15.0}}
+
+
+def make_record(*loads: dict, test_id: str = TEST_ID, tier: str = "24gb", tier_bytes: int = 24 * 10**9,
+                passed: bool | None = True) -> TestRecord:
+    return TestRecord(
+        test_id=test_id, config="vllm serve m", launched="vllm serve m --gpu-memory-utilization 0.27",
+        tier=tier, tier_bytes=tier_bytes, device="NVIDIA H100 80GB HBM3", backend="cuda", vllm_version="0.32.0",
+        startup={"ok": True, "kind": "ok", "duration_s": 30.0, "peak_memory_bytes": 4 * GIB},
+        memory={"kv_cache_tokens": 10_000}, loads=list(loads) or [load()], passed=passed,
+    )
+
+
+@dataclass
+class FakeSettings:
+    vllm_baseline: Path
+    vllm_update_baseline: bool = False
+    vllm_require_baseline: bool = False
+    vllm_strict: bool = False
+
+
+@dataclass
+class FakeState:
+    """The attributes evaluate_record reads from SessionState."""
+
+    settings: FakeSettings
+    tier: Any = field(default_factory=lambda: SimpleNamespace(auto=False))
+    tolerances_cli: dict[str, Tolerance] = field(default_factory=dict)
+    tolerances_ini: dict[str, Tolerance] = field(default_factory=dict)
+
+
+def write_baseline(path: Path, record: TestRecord, **changes: float) -> None:
+    metrics = {**record.metrics(), **changes}
+    entry = BaselineEntry.from_runs(record.test_id, env_key(record), [metrics], config=record.launched,
+                                    commit="abc1234", host="ci-runner-7", recorded_at="2026-01-02T03:04:05Z")
+    BaselineStore(path).update([entry])
+
+
+@pytest.fixture
+def baseline(tmp_path: Path) -> Path:
+    return tmp_path / "baselines.json"
+
+
+@pytest.fixture
+def state(baseline: Path) -> FakeState:
+    return FakeState(FakeSettings(baseline))
+
+
+def test_regression_beyond_tolerance_fails_with_every_figure(state: FakeState, baseline: Path) -> None:
+    write_baseline(baseline, make_record())  # 1,000 tok/s
+    record = make_record(load(throughput=800.0))
+    failure = evaluate_record(state, record, {})
+    assert failure is not None
+    for text in ("output_throughput", "800.0 tok/s now", "1,000.0 tok/s baseline", "-20.0%", "tolerance 10%",
+                 "baseline recorded 2026-01-02T03:04:05Z", "host ci-runner-7", "commit abc1234", "vLLM 0.32.0",
+                 "--vllm-update-baseline", TEST_ID):
+        assert text in failure, text
+    assert record.baseline_status == "compared"
+    statuses = {c["metric"]: c["status"] for c in record.comparisons}
+    assert statuses["output_throughput"] == "regressed"
+    assert statuses["kv_cache_tokens"] == "ok"
+
+
+def test_memory_regression_names_bytes(state: FakeState, baseline: Path) -> None:
+    write_baseline(baseline, make_record())
+    failure = evaluate_record(state, make_record(load(peak=6 * GIB)), {})
+    assert failure is not None
+    assert "load_peak_memory: 6.00 GiB now vs 5.00 GiB baseline (+20.0%, tolerance 5%)" in failure
+
+
+def test_within_tolerance_passes(state: FakeState, baseline: Path) -> None:
+    write_baseline(baseline, make_record())
+    record = make_record(load(throughput=950.0))
+    assert evaluate_record(state, record, {}) is None
+    assert record.baseline_status == "compared"
+    assert all(c["status"] == "ok" for c in record.comparisons)
+    assert all(isinstance(c["tolerance"], str) and c["message"] for c in record.comparisons)
+
+
+def test_missing_baseline_passes_and_is_marked(state: FakeState) -> None:
+    record = make_record()
+    assert evaluate_record(state, record, {}) is None
+    assert record.baseline_status == "missing"
+    assert {c["status"] for c in record.comparisons} == {"new"}
+
+
+def test_missing_baseline_fails_when_required(state: FakeState, baseline: Path) -> None:
+    state.settings.vllm_require_baseline = True
+    record = make_record()
+    failure = evaluate_record(state, record, {})
+    assert failure is not None
+    assert f"no baseline for {TEST_ID}" in failure
+    assert "24gb|NVIDIA H100 80GB HBM3|vllm 0.32.0" in failure
+    assert str(baseline) in failure and "--vllm-update-baseline" in failure
+
+
+def test_baseline_of_another_environment_is_missing(state: FakeState, baseline: Path) -> None:
+    write_baseline(baseline, make_record(tier="80gb", tier_bytes=80 * 10**9))
+    record = make_record(load(throughput=10.0))
+    assert evaluate_record(state, record, {}) is None
+    assert record.baseline_status == "missing"
+
+
+def test_improvement_passes_unless_strict(state: FakeState, baseline: Path) -> None:
+    write_baseline(baseline, make_record())
+    record = make_record(load(throughput=1500.0))
+    assert evaluate_record(state, record, {}) is None
+    assert any(c["status"] == "improved" for c in record.comparisons)
+    state.settings.vllm_strict = True
+    failure = evaluate_record(state, make_record(load(throughput=1500.0)), {})
+    assert failure is not None
+    assert "improved" in failure and "+50.0%" in failure and "strict" in failure
+
+
+def test_tolerance_layers_marker_beats_cli_beats_ini(state: FakeState, baseline: Path) -> None:
+    write_baseline(baseline, make_record())
+    now = load(throughput=800.0)  # -20%
+    state.tolerances_ini = {"output_throughput": Tolerance(relative=0.01)}
+    state.tolerances_cli = {"output_throughput": Tolerance(relative=0.25)}
+    assert evaluate_record(state, make_record(now), {}) is None
+    failure = evaluate_record(state, make_record(now), {"output_throughput": Tolerance(relative=0.05)})
+    assert failure is not None and "tolerance 5%" in failure
+    state.tolerances_cli = {}
+    failure = evaluate_record(state, make_record(now), {})
+    assert failure is not None and "tolerance 1%" in failure
+
+
+def test_update_mode_never_fails_on_a_regression(state: FakeState, baseline: Path) -> None:
+    write_baseline(baseline, make_record())
+    state.settings.vllm_update_baseline = True
+    record = make_record(load(throughput=100.0))
+    assert evaluate_record(state, record, {}) is None
+    assert record.baseline_status == "updated"
+
+
+def test_a_broken_baseline_file_is_a_usage_error(state: FakeState, baseline: Path) -> None:
+    baseline.write_text("[1, 2]")
+    with pytest.raises(UsageError, match="baselines.json"):
+        evaluate_record(state, make_record(), {})
+
+
+def test_peak_above_the_tier_fails(state: FakeState) -> None:
+    record = make_record(load(peak=5 * GIB), tier="4gb", tier_bytes=4 * 10**9)
+    failure = evaluate_record(state, record, {})
+    assert failure is not None
+    assert "peak memory 5.00 GiB exceeds the 4gb tier (3.73 GiB) by 1.27 GiB" in failure
+
+
+def test_peak_above_the_tier_without_loads(state: FakeState) -> None:
+    record = make_record(tier="4gb", tier_bytes=4 * 10**9)
+    record.startup, record.memory, record.loads = {"ok": True, "peak_memory_bytes": 5 * GIB}, {}, []
+    assert "exceeds the 4gb tier" in (evaluate_record(state, record, {}) or "")
+
+
+def test_no_tier_check_on_the_auto_tier(state: FakeState) -> None:
+    state.tier = SimpleNamespace(auto=True)
+    record = make_record(load(peak=5 * GIB), tier="auto (4.0gb)", tier_bytes=4 * 10**9)
+    assert evaluate_record(state, record, {}) is None
+    assert tier_problem(record, tier_is_auto=True) is None
+    assert tier_problem(record, tier_is_auto=False) is not None
+
+
+def test_a_record_without_metrics_is_not_gated(state: FakeState) -> None:
+    record = make_record()
+    record.startup, record.memory, record.loads = {"ok": False}, {}, []
+    assert evaluate_record(state, record, {}) is None
+    assert record.baseline_status == "none"
+
+
+def test_baseline_entries_only_for_passed_updated_records(tmp_path: Path) -> None:
+    updated = make_record(load(throughput=900.0), load(throughput=1000.0), load(throughput=1100.0))
+    updated.baseline_status = "updated"
+    failed = make_record(test_id="t.py::test_failed", passed=False)
+    failed.baseline_status = "updated"
+    compared = make_record(test_id="t.py::test_compared")
+    compared.baseline_status = "compared"
+    empty = make_record(test_id="t.py::test_empty")
+    empty.baseline_status = "updated"
+    empty.startup, empty.memory, empty.loads = {"ok": False}, {}, []
+
+    [entry] = baseline_entries([updated, failed, compared, empty], tmp_path)
+    assert entry.test_id == TEST_ID
+    assert entry.env == env_key(updated)
+    assert entry.config == updated.launched
+    assert entry.commit is None  # tmp_path is not a git work tree
+    assert entry.runs == 3
+    assert entry.metrics["output_throughput"] == 1000.0
+    assert entry.spread["output_throughput"] == [900.0, 1000.0, 1100.0]
+    assert entry.metrics["startup_peak_memory"] == 4 * GIB
+    assert entry.metrics["kv_cache_tokens"] == 10_000
+    assert entry.metrics == updated.metrics()
+
+
+def test_baseline_entries_record_the_commit(tmp_path: Path) -> None:
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "x")
+    record = make_record()
+    record.baseline_status = "updated"
+    [entry] = baseline_entries([record], tmp_path)
+    assert entry.commit and len(entry.commit) >= 7
+
+
+def test_entries_round_trip_through_the_store(state: FakeState, baseline: Path, tmp_path: Path) -> None:
+    record = make_record()
+    state.settings.vllm_update_baseline = True
+    assert evaluate_record(state, record, {}) is None
+    BaselineStore(baseline).update(baseline_entries([record], tmp_path))
+    state.settings.vllm_update_baseline = False
+    again = make_record()
+    assert evaluate_record(state, again, {}) is None
+    assert again.baseline_status == "compared"
+    assert {c["status"] for c in again.comparisons} == {"ok"}

@@ -1,0 +1,267 @@
+"""report.py and results.py: the summary table, markdown, results JSON and TestRecord's metrics."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pytest_vllm_mem.baseline import BaselineStore
+from pytest_vllm_mem.gate import env_key
+from pytest_vllm_mem.report import COLUMNS, ReportWriter, baseline_cell, format_table, markdown_table, table_rows
+from pytest_vllm_mem.results import TestRecord
+
+GIB = 2**30
+
+
+def load(throughput: float = 1234.4, completed: int = 8, peak: int = 5 * GIB, ttft_p99: float = 91.6) -> dict:
+    return {"ok": True, "completed": completed, "num_prompts": 8, "peak_memory_bytes": peak,
+            "output_throughput": throughput, "request_throughput": 2.5,
+            "ttft_ms": {"mean": 40.0, "p50": 40.0, "p90": 80.0, "p99": ttft_p99},
+            "tpot_ms": {"mean": 9.0, "p50": 9.0, "p90": 11.0, "p99": 14.0}}
+
+
+def make_record(test_id: str = "tests/test_a.py::test_chat[tiny]", *loads: dict, **changes: Any) -> TestRecord:
+    record = TestRecord(
+        test_id=test_id, config="vllm serve m", launched="vllm serve m --gpu-memory-utilization 0.27",
+        tier="24gb", tier_bytes=24 * 10**9, device="NVIDIA L4", backend="cuda", vllm_version="0.32.0",
+        startup={"ok": True, "kind": "ok", "duration_s": 31.2, "peak_memory_bytes": 4 * GIB},
+        memory={"kv_cache_tokens": 123_456}, loads=list(loads) if loads else [load()], passed=True,
+    )
+    for name, value in changes.items():
+        setattr(record, name, value)
+    return record
+
+
+def comparison(metric: str, status: str, change_pct: float | None) -> dict:
+    return {"metric": metric, "status": status, "change_pct": change_pct, "baseline": 1.0, "now": 1.0,
+            "tolerance": "10%", "message": f"{metric} moved"}
+
+
+# ---------------------------------------------------------------------------------------------------------- results
+
+
+def test_record_metrics_are_medians_over_completed_loads() -> None:
+    record = make_record("t::x", load(throughput=100.0), load(throughput=300.0), load(throughput=200.0),
+                         load(throughput=9999.0, completed=0))
+    metrics = record.metrics()
+    assert metrics["output_throughput"] == 200.0
+    assert metrics["startup_peak_memory"] == 4 * GIB
+    assert metrics["load_peak_memory"] == 5 * GIB
+    assert metrics["kv_cache_tokens"] == 123_456
+    assert metrics["ttft_p99"] == 91.6 and metrics["ttft_p50"] == 40.0 and metrics["tpot_p50"] == 9.0
+    assert record.metric_samples()["output_throughput"] == [100.0, 300.0, 200.0]
+
+
+def test_record_peak_and_outcome() -> None:
+    record = make_record("t::x", load(peak=3 * GIB), load(peak=7 * GIB))
+    assert record.peak_memory_bytes == 7 * GIB
+    assert record.outcome == "ok"
+    assert make_record(startup={"ok": False}).outcome == "not started"
+    assert make_record(failure={"kind": "oom_kv_cache", "summary": "s"}).outcome == "oom_kv_cache"
+    assert make_record(startup={}, loads=[]).peak_memory_bytes == 0
+
+
+def test_record_dict_round_trip_drops_the_timeline() -> None:
+    record = make_record(timeline={"server": object()}, notes=["emulating"])
+    data = json.loads(json.dumps(record.to_dict()))
+    assert "timeline" not in data
+    assert data["outcome"] == "ok" and data["peak_memory_bytes"] == 5 * GIB
+    assert data["metrics"]["output_throughput"] == 1234.4
+    again = TestRecord.from_dict(data)  # derived keys (outcome, metrics) are ignored
+    assert again.to_dict() == record.to_dict()
+    assert again.timeline is None
+
+
+# ---------------------------------------------------------------------------------------------------------- table
+
+
+def test_table_row_cells() -> None:
+    [(cells, color)] = table_rows([make_record(baseline_status="compared",
+                                               comparisons=[comparison("kv_cache_tokens", "ok", 0.0)])])
+    assert cells == ["test_chat[tiny]", "ok", "5.00 GiB / 24gb", "123,456", "1,234", "92 ms", "within tolerance"]
+    assert len(cells) == len(COLUMNS)
+    assert color == "green"
+
+
+@pytest.mark.parametrize(("status", "comparisons", "text", "color"), [
+    ("none", [], "-", None),
+    ("missing", [], "missing", None),
+    ("updated", [], "updated", None),
+    ("compared", [comparison("ttft_p99", "improved", -30.0), comparison("output_throughput", "regressed", -20.04)],
+     "output_throughput -20.0%", "red"),
+    ("compared", [comparison("ttft_p99", "improved", -30.0)], "ttft_p99 -30.0% (update?)", "yellow"),
+    ("compared", [comparison("ttft_p99", "regressed", None)], "ttft_p99 from 0", "red"),
+    ("compared", [comparison("ttft_p99", "new", None)], "within tolerance", "green"),
+])
+def test_baseline_cell(status: str, comparisons: list, text: str, color: str | None) -> None:
+    assert baseline_cell(make_record(baseline_status=status, comparisons=comparisons)) == (text, color)
+
+
+def test_failed_rows_are_red_and_show_dashes() -> None:
+    record = make_record(failure={"kind": "oom_weights", "summary": "s"}, startup={"ok": False}, memory={},
+                         loads=[])
+    [(cells, color)] = table_rows([record])
+    assert cells[1:6] == ["oom_weights", "-", "-", "-", "-"]
+    assert color == "red"
+
+
+def test_auto_tier_rows_show_no_tier() -> None:
+    [(cells, _)] = table_rows([make_record(tier="auto (85.0gb)", tier_bytes=0)])
+    assert cells[2] == "5.00 GiB"
+
+
+def test_format_table_aligns_columns() -> None:
+    rows = [cells for cells, _ in table_rows([make_record(), make_record("t.py::test_with_a_much_longer_name")])]
+    lines = format_table(rows)
+    assert len(lines) == 4
+    assert lines[0].split()[:2] == ["test", "outcome"]
+    assert set(lines[1].replace(" ", "")) == {"-"}
+    # Every column starts at the same offset on every line.
+    offset = lines[0].index("outcome")
+    assert all(line[offset:].startswith(("ok", "-", "outcome")) for line in lines)
+    assert all(line == line.rstrip() for line in lines)
+
+
+def test_format_table_without_rows() -> None:
+    assert format_table([]) == ["  ".join(COLUMNS), "  ".join("-" * len(c) for c in COLUMNS)]
+
+
+def test_markdown_table() -> None:
+    piped = make_record("t.py::test_x[a|b]", plot="plots/x.png")
+    text = markdown_table([make_record(), piped], "tier 24gb, cuda device NVIDIA L4")
+    lines = text.splitlines()
+    assert lines[0] == "### vLLM memory and serving (tier 24gb, cuda device NVIDIA L4)"
+    assert lines[2] == "| " + " | ".join(COLUMNS) + " |"
+    assert lines[3] == "|---|---|---|---|---|---|---|"
+    assert lines[4].startswith("| test_chat[tiny] | ok | 5.00 GiB / 24gb |")
+    assert lines[5].startswith("| [test_x[a\\|b]](plots/x.png) | ok |")
+    assert all(line.count(" | ") == len(COLUMNS) - 1 for line in lines[4:])
+    assert text.endswith("\n")
+
+
+# ---------------------------------------------------------------------------------------------------------- writer
+
+
+@dataclass
+class FakeSettings:
+    vllm_baseline: Path
+    vllm_results: Path | None = None
+    vllm_markdown: Path | None = None
+    vllm_plots: Path | None = None
+    vllm_update_baseline: bool = False
+
+
+@dataclass
+class FakeState:
+    """The attributes ReportWriter reads from SessionState, for a session that started a server."""
+
+    settings: FakeSettings
+    tier_text: str = "24gb"
+    leaked: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.tier = SimpleNamespace(name="24gb", bytes=24 * 10**9, auto=False)
+        self._device = self.device = SimpleNamespace(name="NVIDIA L4", backend="cuda", total_bytes=24_150_000_000)
+        self._parser = self.parser_table = SimpleNamespace(version="0.32.0")
+        self._pool = self.pool = SimpleNamespace(startups=2)
+
+
+class FakeTerminal:
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, dict]] = []
+
+    def section(self, title: str, sep: str = "=") -> None:
+        self.lines.append((f"== {title}", {}))
+
+    def line(self, text: str, **markup: bool) -> None:
+        self.lines.append((text, markup))
+
+
+@pytest.fixture
+def writer(tmp_path: Path) -> ReportWriter:
+    settings = FakeSettings(tmp_path / "baselines.json", vllm_results=tmp_path / "out" / "results.json",
+                            vllm_markdown=tmp_path / "summary.md")
+    return ReportWriter(FakeState(settings), SimpleNamespace(rootpath=tmp_path))  # type: ignore[arg-type]
+
+
+def test_results_document_is_json(writer: ReportWriter) -> None:
+    records = [make_record(timeline={"server": object()}), make_record("t::y", baseline_status="compared",
+                                                                       comparisons=[comparison("ttft_p99", "ok", 1.0)])]
+    document = json.loads(json.dumps(writer.results_document(records)))
+    assert document["schema"] == 1
+    assert document["tier"] == "24gb" and document["device"] == "NVIDIA L4" and document["backend"] == "cuda"
+    assert document["vllm_version"] == "0.32.0" and document["server_startups"] == 2
+    assert [t["test_id"] for t in document["tests"]] == ["tests/test_a.py::test_chat[tiny]", "t::y"]
+    assert document["tests"][0]["metrics"]["kv_cache_tokens"] == 123_456
+
+
+def test_results_document_without_a_server(writer: ReportWriter) -> None:
+    state = writer.state
+    state._device = state._parser = state._pool = None
+    document = writer.results_document([])
+    assert document["tier"] == "24gb" and document["device"] is None and document["server_startups"] == 0
+    assert writer.header() == "no server started"
+
+
+def test_write_all_writes_results_markdown_and_step_summary(writer: ReportWriter, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    summary = tmp_path / "step_summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    writer.write_all([make_record()])
+    assert writer.errors == []
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert data["tests"][0]["outcome"] == "ok"
+    markdown = (tmp_path / "summary.md").read_text()
+    assert "tier 24gb, cuda device NVIDIA L4" in markdown and "test_chat[tiny]" in markdown
+    assert summary.read_text() == markdown
+    assert writer.baseline_written is None
+    assert not (tmp_path / "baselines.json").exists()
+
+
+def test_write_all_updates_the_baseline(writer: ReportWriter, tmp_path: Path) -> None:
+    writer.state.settings.vllm_update_baseline = True
+    updated = make_record(baseline_status="updated")
+    failed = make_record("t::failed", baseline_status="updated", passed=False)
+    writer.write_all([updated, failed])
+    assert writer.baseline_written == 1
+    entry = BaselineStore(tmp_path / "baselines.json").get(updated.test_id, env_key(updated))
+    assert entry is not None and entry.metrics == updated.metrics()
+
+
+def test_write_errors_are_collected_not_raised(writer: ReportWriter, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    writer.state.settings.vllm_results = blocker / "results.json"  # a folder that cannot exist
+    writer.write_all([make_record()])
+    [error] = writer.errors
+    assert error.startswith(f"--vllm-results {blocker / 'results.json'}: could not write the file")
+
+
+def test_terminal_summary(writer: ReportWriter) -> None:
+    records = [make_record(baseline_status="missing"),
+               make_record("t::slow", baseline_status="compared",
+                           comparisons=[comparison("output_throughput", "regressed", -25.0)])]
+    writer.state.leaked = [4242]
+    writer.errors.append("could not append")
+    terminal = FakeTerminal()
+    writer.terminal_summary(terminal, records)
+    texts = [text for text, _ in terminal.lines]
+    assert texts[0] == "== vLLM memory and serving"
+    assert texts[1] == "tier 24gb, cuda device NVIDIA L4 (22.49 GiB), vLLM 0.32.0"
+    assert texts[2].startswith("test") and set(texts[3].replace(" ", "")) == {"-"}
+    assert "missing" in texts[4] and terminal.lines[4][1] == {}
+    assert "output_throughput -25.0%" in texts[5] and terminal.lines[5][1] == {"red": True}
+    assert any("1 test(s) have no baseline" in text for text in texts)
+    assert any("pids [4242]" in text for text in texts)
+    assert ("error: could not append", {"red": True}) in terminal.lines
+
+
+def test_terminal_summary_is_silent_without_records(writer: ReportWriter) -> None:
+    terminal = FakeTerminal()
+    writer.terminal_summary(terminal, [])
+    assert terminal.lines == []
