@@ -6,10 +6,9 @@ from typing import Callable
 
 import pytest
 
-from .advice import advise, render_steps
 from .config import VLLMConfig
-from .diagnose import classify_failure, find_memory_error
-from .load import LoadResult, run_load
+from .load import LoadResult
+from .measure import load_failure_message, measured_load
 from .results import TestRecord
 from .server import VLLMServer, VLLMStartupError
 from .state import SessionState, state_key
@@ -139,41 +138,3 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: VLLMServer) -> Callab
         return by_throughput[len(by_throughput) // 2]
 
     return load
-
-
-def measured_load(server: VLLMServer, **load_args) -> LoadResult:
-    """One load against `server` with the memory sampler marking it; diagnoses a death or OOM during the load."""
-    sampler = server.sampler
-    log_offset = len(server.log_text())
-    sampler.sample_now()
-    started = sampler.mark(f"load {len([m for m in sampler.markers if m[0].startswith('load')]) + 1}")
-    result = run_load(server.url, server.model_name, should_abort=lambda: not server.alive(), **load_args)
-    sampler.sample_now()
-    sampler.mark("load end")
-    result.peak_memory_bytes = sampler.peak_between(started)
-    result.server_alive = server.alive()
-    new_log = server.log_text()[log_offset:]
-    failure = find_memory_error(new_log)
-    if failure is None and not result.server_alive:
-        failure = classify_failure(new_log, server.process.poll())
-        if failure.kind not in ("cuda_oom", "host_memory"):
-            failure = type(failure)(kind="crash", summary=f"the server died during the load: {failure.summary}",
-                                    root_cause=failure.root_cause, figures=failure.figures)
-    if failure is not None:
-        result.failure = failure
-        result.advice = advise(failure, server.launched, server.memory, peak_bytes=result.peak_memory_bytes)
-    return result
-
-
-def load_failure_message(server: VLLMServer, result: LoadResult) -> str:
-    failure = result.failure
-    lines = [f"vLLM failed during the load [{failure.kind}]: {failure.summary}",
-             f"completed {result.completed}/{result.num_prompts} requests, {result.failed} failed, "
-             f"server {'alive' if result.server_alive else 'dead'}"]
-    if failure.root_cause:
-        lines.append("root cause (from the server log):")
-        lines += [f"    {line}" for line in failure.root_cause]
-    lines.append(f"command: {server.launched}")
-    lines += render_steps(result.advice)
-    lines.append(f"full log: {server.log_path}")
-    return "\n".join(lines)

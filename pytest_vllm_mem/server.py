@@ -98,6 +98,7 @@ class VLLMServer:
     startup: StartupOutcome | None = None
     memory: StartupMemory | None = None
     notes: list[str] = field(default_factory=list)
+    loads_run: int = 0
 
     @property
     def url(self) -> str:

@@ -88,7 +88,7 @@ def test_host_memory_cpu_too_low_utilization_raises_it() -> None:
     assert rungs == [
         "gpu_memory_utilization 0.02 -> 0.1 (on CPU it sets the worker's share of the 10.46 GiB node: 0.21 GiB now, "
         "but the worker already uses 0.83 GiB before its KV cache)",
-        "or size the CPU KV cache directly: env VLLM_CPU_KVCACHE_SPACE=1 (GiB; the node has 9.06 GiB available)",
+        "size the CPU KV cache directly: env VLLM_CPU_KVCACHE_SPACE=1 (GiB; the node has 9.06 GiB available)",
     ]
     # Unset in the config: the value vLLM used is read back from the log (0.21 of 10.46 GiB).
     assert advise(diagnosis, VLLMConfig("m"), memory)[0].startswith("gpu_memory_utilization default 0.02 -> 0.1 ")
@@ -110,7 +110,7 @@ def test_host_memory_cpu_explicit_kv_size() -> None:
     assert advise(diagnosis, VLLMConfig("m"), None) == [
         "lower the explicit KV cache size 4.00 GiB -> 2.5 GiB (node has 3.00 GiB available): --kv-cache-memory-bytes "
         "or VLLM_CPU_KVCACHE_SPACE",
-        "or stop other processes that hold host memory",
+        "stop other processes that hold host memory",
     ]
 
 

@@ -1,0 +1,50 @@
+"""One measured load against a running server: memory marks around it, and a diagnosis when the server dies or runs
+out of memory during it. Used by the vllm_load fixture and by the tuner."""
+
+from __future__ import annotations
+
+from .advice import advise, render_steps
+from .diagnose import Diagnosis, classify_failure, find_memory_error
+from .load import LoadResult, run_load
+from .server import VLLMServer
+
+
+def measured_load(server: VLLMServer, **load_args) -> LoadResult:
+    """One load against `server` with the memory sampler marking it; diagnoses a death or OOM during the load."""
+    sampler = server.sampler
+    log_offset = len(server.log_text())
+    sampler.sample_now()
+    server.loads_run += 1
+    started = sampler.mark(f"load {server.loads_run}")
+    # A fresh seed per load on this server: repeated prompts would hit vLLM's prefix cache and flatter TTFT.
+    load_args.setdefault("seed", server.loads_run)
+    result = run_load(server.url, server.model_name, should_abort=lambda: not server.alive(), **load_args)
+    sampler.sample_now()
+    sampler.mark("load end")
+    result.peak_memory_bytes = sampler.peak_between(started)
+    result.server_alive = server.alive()
+    new_log = server.log_text()[log_offset:]
+    failure = find_memory_error(new_log)
+    if failure is None and not result.server_alive:
+        failure = classify_failure(new_log, server.process.poll())
+        if failure.kind not in ("cuda_oom", "host_memory"):
+            failure = Diagnosis(kind="crash", summary=f"the server died during the load: {failure.summary}",
+                                root_cause=failure.root_cause, figures=failure.figures)
+    if failure is not None:
+        result.failure = failure
+        result.advice = advise(failure, server.launched, server.memory, peak_bytes=result.peak_memory_bytes)
+    return result
+
+
+def load_failure_message(server: VLLMServer, result: LoadResult) -> str:
+    failure = result.failure
+    lines = [f"vLLM failed during the load [{failure.kind}]: {failure.summary}",
+             f"completed {result.completed}/{result.num_prompts} requests, {result.failed} failed, "
+             f"server {'alive' if result.server_alive else 'dead'}"]
+    if failure.root_cause:
+        lines.append("root cause (from the server log):")
+        lines += [f"    {line}" for line in failure.root_cause]
+    lines.append(f"command: {server.launched}")
+    lines += render_steps(result.advice)
+    lines.append(f"full log: {server.log_path}")
+    return "\n".join(lines)
