@@ -137,6 +137,38 @@ def measure_vllm_bench(base_url: str, args: argparse.Namespace) -> dict:
             "req_per_s": completed / wall, "client_cpu_s": cpu, "client_cpu_ms_per_req": 1000 * cpu / completed}
 
 
+def measure(num_prompts: int = 5000, concurrency: int = 64, max_tokens: int = 4, itl_ms: float = 1.0,
+            compare: bool = True, profile: str | None = None) -> list[dict]:
+    """Start the fake endpoint, measure run_load (and with `compare` vllm bench's request function); one row each."""
+    args = argparse.Namespace(num_prompts=num_prompts, concurrency=concurrency, max_tokens=max_tokens, itl_ms=itl_ms)
+    server = subprocess.Popen([sys.executable, __file__, "--serve", "--itl-ms", str(itl_ms)], stdout=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    try:
+        base_url = f"http://127.0.0.1:{int(server.stdout.readline())}"
+        if compare:
+            import vllm.benchmarks.lib.endpoint_request_func  # noqa: F401  (slow import, outside the measurement)
+        from pytest_vllm_mem.load import run_load
+
+        run_load(base_url, "fake", num_prompts=200, concurrency=concurrency, max_tokens=max_tokens)  # warm
+        rows = []
+        for measure_one in [measure_run_load] + ([measure_vllm_bench] if compare else []):
+            server_cpu = child_cpu_seconds(server.pid)
+            if profile and measure_one is measure_run_load:
+                import cProfile
+
+                profiler = cProfile.Profile()
+                row = profiler.runcall(measure_one, base_url, args)
+                profiler.dump_stats(profile)
+            else:
+                row = measure_one(base_url, args)
+            row["server_cpu_ms_per_req"] = 1000 * (child_cpu_seconds(server.pid) - server_cpu) / row["requests"]
+            rows.append(row)
+        return rows
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(10)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
@@ -151,39 +183,13 @@ def main() -> None:
     if args.serve:
         serve(args.itl_ms)
         return
-
-    server = subprocess.Popen([sys.executable, __file__, "--serve", "--itl-ms", str(args.itl_ms)], stdout=subprocess.PIPE, text=True,
-                              start_new_session=True)
-    try:
-        base_url = f"http://127.0.0.1:{int(server.stdout.readline())}"
-        if args.compare:
-            import vllm.benchmarks.lib.endpoint_request_func  # noqa: F401  (slow import, outside the measurement)
-        from pytest_vllm_mem.load import run_load
-
-        run_load(base_url, "fake", num_prompts=200, concurrency=args.concurrency, max_tokens=args.max_tokens)  # warm
-        rows = []
-        measurements = [measure_run_load] + ([measure_vllm_bench] if args.compare else [])
-        for measure in measurements:
-            server_cpu = child_cpu_seconds(server.pid)
-            if args.profile and measure is measure_run_load:
-                import cProfile
-
-                profiler = cProfile.Profile()
-                row = profiler.runcall(measure, base_url, args)
-                profiler.dump_stats(args.profile)
-            else:
-                row = measure(base_url, args)
-            row["server_cpu_ms_per_req"] = 1000 * (child_cpu_seconds(server.pid) - server_cpu) / row["requests"]
-            rows.append(row)
-        print(f"{args.num_prompts} streaming requests, max_tokens {args.max_tokens}, concurrency {args.concurrency}, "
-              f"chunks {args.itl_ms:g} ms apart, {os.cpu_count()} CPUs, server in a separate process")
-        for row in rows:
-            print(f"  {row['client']:<32} {row['req_per_s']:8.0f} req/s   client CPU {row['client_cpu_ms_per_req']:.3f}"
-                  f" ms/req ({row['client_cpu_s']:.2f} s)   server CPU {row['server_cpu_ms_per_req']:.3f} ms/req")
-        print(json.dumps(rows))
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(10)
+    rows = measure(args.num_prompts, args.concurrency, args.max_tokens, args.itl_ms, args.compare, args.profile)
+    print(f"{args.num_prompts} streaming requests, max_tokens {args.max_tokens}, concurrency {args.concurrency}, "
+          f"chunks {args.itl_ms:g} ms apart, {os.cpu_count()} CPUs, server in a separate process")
+    for row in rows:
+        print(f"  {row['client']:<32} {row['req_per_s']:8.0f} req/s   client CPU {row['client_cpu_ms_per_req']:.3f}"
+              f" ms/req ({row['client_cpu_s']:.2f} s)   server CPU {row['server_cpu_ms_per_req']:.3f} ms/req")
+    print(json.dumps(rows))
 
 
 if __name__ == "__main__":

@@ -75,6 +75,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 parse_tier(value, source=f"@pytest.mark.vllm_tier on {item.nodeid}")
             except TierError as error:
                 raise UsageError(str(error)) from None
+        # Fix (reliability): a typo in a vllm_tolerance marker was found only after the test's server had started
+        # and its load had run, and failed that test with a traceback; now it is a usage error before any server.
+        marker_tolerances(item)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -111,7 +114,9 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     state: SessionState = item.config.stash[state_key]
-    if call.excinfo is not None and call.excinfo.errisinstance((VLLMStartupError, LoadFailed)):
+    # Fix (reliability): UsageError too: a corrupt baseline file or an interpreter without vLLM (--vllm-python) is
+    # found during a test and failed it with a traceback through the plugin; the message alone names the input.
+    if call.excinfo is not None and call.excinfo.errisinstance((VLLMStartupError, LoadFailed, UsageError)):
         # The message already quotes the root cause and the next step; a traceback through the plugin adds nothing.
         report.longrepr = str(call.excinfo.value)
     record = state.records.get(item.nodeid)

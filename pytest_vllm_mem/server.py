@@ -22,7 +22,7 @@ import psutil
 import requests
 
 from .advice import render_steps
-from .config import VLLMConfig
+from .config import VLLMConfig, is_secret_key
 from .diagnose import Diagnosis, StartupMemory, classify_failure, parse_startup_memory, timeout_diagnosis
 from .memory import DeviceInfo, MemoryProbe, MemorySampler
 
@@ -80,7 +80,9 @@ class VLLMStartupError(Exception):
 # Every server process group this interpreter started and has not stopped yet: the session-end sweep and the
 # SIGTERM handler stop what is left here, so no vLLM outlives pytest.
 _LIVE: dict[int, "VLLMServer"] = {}
-_LIVE_LOCK = threading.Lock()
+# Fix (reliability): reentrant, because the SIGTERM handler (plugin.py) runs stop_all_servers on the main thread,
+# possibly while that thread is inside `with _LIVE_LOCK` in launch() or stop(): a plain Lock deadlocked there.
+_LIVE_LOCK = threading.RLock()
 
 
 @dataclass
@@ -99,6 +101,8 @@ class VLLMServer:
     memory: StartupMemory | None = None
     notes: list[str] = field(default_factory=list)
     loads_run: int = 0
+    # The server's engine processes (VLLM::EngineCore...) when it became healthy; see alive().
+    engine_processes: list[psutil.Process] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -117,13 +121,22 @@ class VLLMServer:
         return str(served) if served else self.launched.model
 
     def alive(self) -> bool:
-        return self.process.poll() is None
+        """The API server runs, and so do the engine processes it had when it became healthy.
+
+        Fix (reliability): vLLM's API server outlives a dead EngineCore by about a second, answering HTTP 500 to
+        every request; a load that failed fast in that second saw an "alive" server, so the crash was not diagnosed,
+        and a pool that checks alive() could hand the broken server to the next test.
+        """
+        return self.process.poll() is None and all(_running(proc) for proc in self.engine_processes)
 
     def log_text(self) -> str:
+        """The server's log so far, with the config's secret values masked: every diagnosis, failure message and
+        log tail the plugin shows is taken from here."""
         try:
-            return self.log_path.read_text(errors="replace")
+            text = self.log_path.read_text(errors="replace")
         except OSError:
             return ""
+        return mask_secrets(text, self.launched)
 
     def stop(self, grace_s: float = 15.0) -> None:
         """Terminate the whole process group, then kill what is left after `grace_s`. Idempotent."""
@@ -150,6 +163,23 @@ class VLLMServer:
             _LIVE.pop(self.pid, None)
 
 
+def secret_values(config: VLLMConfig) -> list[str]:
+    """The values of the config's secret env vars and flags (HF_TOKEN, api_key, ...), longest first."""
+    values = [value for key, value in config.env.items() if is_secret_key(key)]
+    for key, value in config.flags.items():
+        if is_secret_key(key) and value is not None and not isinstance(value, bool):
+            values += list(value) if isinstance(value, tuple) else [str(value)]
+    return sorted({value for value in values if len(value) >= 4}, key=len, reverse=True)  # "1" is no secret
+
+
+def mask_secrets(text: str, config: VLLMConfig) -> str:
+    """Fix (reliability): vLLM prints its arguments at startup ("non-default args: {... 'hf_token': '...'}"), and a
+    timeout or crash diagnosis quotes those lines: a secret flag reached the failure message and the results JSON."""
+    for value in secret_values(config):
+        text = text.replace(value, "***")
+    return text
+
+
 def _as_processes(pids: set[int]) -> list[psutil.Process]:
     processes = []
     for pid in pids:
@@ -158,6 +188,29 @@ def _as_processes(pids: set[int]) -> list[psutil.Process]:
         except psutil.Error:
             pass
     return processes
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE  # is_running() also checks pid reuse
+    except psutil.Error:
+        return False
+
+
+def _engine_processes(root: int) -> list[psutil.Process]:
+    """vLLM names its engine processes with setproctitle (VLLM::EngineCore, VLLM::EngineCore_DP1, ...)."""
+    try:
+        children = psutil.Process(root).children(recursive=True)
+    except psutil.Error:
+        return []
+    engines = []
+    for child in children:
+        try:
+            if "EngineCore" in child.name() or "EngineCore" in " ".join(child.cmdline()[:1]):
+                engines.append(child)
+        except psutil.Error:
+            continue
+    return engines
 
 
 def _process_tree_pids(root: int) -> set[int]:
@@ -213,12 +266,40 @@ def _log_path(settings: LaunchSettings, config: VLLMConfig) -> Path:
     return settings.log_dir / f"{os.getpid()}-{_launch_counter:02d}-{name}.log"
 
 
+# Fix (reliability): free_port() closes its socket before vLLM binds the port (seconds later, after its imports);
+# another process (a second pytest session, any outgoing connection) can take the port in between, and vLLM dies
+# with this error. That is no fault of the config: start again on a fresh port, a few times.
+_PORT_TAKEN = "Address already in use"
+PORT_ATTEMPTS = 3
+
+
+def _port_was_taken(error: VLLMStartupError) -> bool:
+    return error.kind == "crash" and any(_PORT_TAKEN in line for line in error.diagnosis.root_cause)
+
+
 def launch(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSettings, probe: MemoryProbe,
            advise=None) -> VLLMServer:
     """Start `launched` and wait until /health answers 200. Raises VLLMStartupError with the classified cause.
 
     `advise(diagnosis, startup_memory, peak_bytes) -> list[str]` turns a failure into next steps (optional).
     """
+    taken: list[str] = []
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        try:
+            server = _launch_once(config, launched, settings, probe, advise)
+        except VLLMStartupError as error:
+            if attempt == PORT_ATTEMPTS or not _port_was_taken(error):
+                raise
+            taken.append(f"port {error.server.port} was taken before vLLM bound it (log {error.log_path}): "
+                         "started again on a fresh port")
+            continue
+        server.notes.extend(taken)
+        return server
+    raise AssertionError("unreachable")
+
+
+def _launch_once(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSettings, probe: MemoryProbe,
+                 advise=None) -> VLLMServer:
     port = free_port()
     log_path = _log_path(settings, launched)
     argv = [settings.python, "-m", SERVER_MODULE, *launched.cli_args(), "--host", "127.0.0.1", "--port", str(port)]
@@ -244,6 +325,7 @@ def launch(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSettings, p
     if diagnosis is None:
         server.startup = StartupOutcome(True, "started", duration, peak)
         server.memory = parse_startup_memory(server.log_text())
+        server.engine_processes = _engine_processes(process.pid)
         sampler.mark("healthy")
         return server
     memory = parse_startup_memory(server.log_text())

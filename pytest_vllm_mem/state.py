@@ -13,13 +13,16 @@ from .advice import advise
 from .config import VLLMConfig
 from .diagnose import Diagnosis
 from .flagcheck import FlagCheckError, ParserTable, flag_problems, load_parser_table
-from .memory import DeviceInfo, MemoryProbe, detect_device, make_probe, wait_for_free_memory
+from .memory import DeviceInfo, MemoryProbe, cpu_node_memory, detect_device, make_probe, wait_for_free_memory
 from .results import TestRecord
 from .server import LaunchSettings, StartupOutcome, VLLMServer, VLLMStartupError, launch
 from .settings import Settings, UsageError
 from .tiers import Emulation, Tier, TierError, emulate_tier, resolve_tier
 
 TINY_MODEL = "tiny"
+# Flags that describe a model's checkpoint, not how it is served: meaningless for the model that replaces it.
+MODEL_SPECIFIC_FLAGS = ("quantization", "tokenizer", "revision", "tokenizer_revision", "code_revision",
+                        "hf_config_path", "served_model_name", "load_format")
 # Leftover memory of a server that is still exiting clears in seconds; longer means another tenant holds it.
 FREE_MEMORY_WAIT_S = 60.0
 
@@ -134,6 +137,13 @@ class SessionState:
                 raise UsageError(str(error)) from None
         return self._parser
 
+    def device_total_now(self) -> int:
+        """The device's total memory right before a launch. vLLM's CPU backend reads the NUMA node's size at startup,
+        and under a VM that size can change (memory hotplug grew a node from 9 to 23 GiB within one session here)."""
+        if self.device.backend == "cpu":
+            return cpu_node_memory()[0]
+        return self.device.total_bytes
+
     def resolve_model(self, model: str) -> str:
         if model == TINY_MODEL:
             from .tiny_model import build_tiny_model
@@ -147,13 +157,15 @@ class SessionState:
     def launched_config(self, config: VLLMConfig) -> tuple[VLLMConfig, Emulation | None, list[str]]:
         """What actually runs for `config`: model override, tiny-model path, tier emulation."""
         notes = []
-        model = config.model
+        model, flags = config.model, dict(config.flags)
         if self.settings.vllm_model_override:
             model = self.settings.vllm_model_override
-            notes.append(f"model {config.model} replaced by {model} (--vllm-model-override)")
-        launched = VLLMConfig(self.resolve_model(model), env=config.env, **config.flags)
+            dropped = [f"{key}={flags.pop(key)}" for key in MODEL_SPECIFIC_FLAGS if flags.get(key) is not None]
+            notes.append(f"model {config.model} replaced by {model} (--vllm-model-override)"
+                         + (f", dropped its checkpoint flags {', '.join(dropped)}" if dropped else ""))
+        launched = VLLMConfig(self.resolve_model(model), env=config.env, **flags)
         default_utilization = float(self.parser_table.default("gpu_memory_utilization", 0.9))
-        launched, emulation = emulate_tier(launched, self.tier, self.device.total_bytes, default_utilization)
+        launched, emulation = emulate_tier(launched, self.tier, self.device_total_now(), default_utilization)
         if emulation is not None:
             notes.append(emulation.describe())
         return launched, emulation, notes
@@ -172,7 +184,7 @@ class SessionState:
                                    advise(diagnosis, launched, None))
         utilization = float(launched.flag("gpu_memory_utilization",
                                           self.parser_table.default("gpu_memory_utilization", 0.9)))
-        context = {"tier_bytes": self.tier.bytes, "requested_bytes": int(utilization * self.device.total_bytes)}
+        context = {"tier_bytes": self.tier.bytes, "requested_bytes": int(utilization * self.device_total_now())}
         server = self.pool.acquire(config, launched, context)
         for note in notes:
             if note not in server.notes:

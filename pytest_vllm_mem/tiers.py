@@ -61,7 +61,8 @@ def parse_tier(text: str, *, source: str = "--vllm-gpu") -> Tier | None:
 def resolve_tier(text: str | None, device_total_bytes: int) -> Tier:
     tier = parse_tier(text or "auto")
     if tier is None:
-        return Tier(f"auto ({device_total_bytes / 1e9:.1f}gb)", device_total_bytes, auto=True)
+        # The name keys baselines: a stable "auto", not the measured size (it drifts on some hosts).
+        return Tier("auto", device_total_bytes, auto=True)
     return tier
 
 

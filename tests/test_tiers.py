@@ -63,7 +63,7 @@ def test_resolve_tier() -> None:
     assert resolve_tier("24gb", 80 * 10**9) == Tier("24gb", 24 * 10**9)
     auto = resolve_tier("auto", 84_900_000_000)
     assert auto.auto and auto.bytes == 84_900_000_000
-    assert auto.name == "auto (84.9gb)"
+    assert auto.name == "auto"
     assert resolve_tier(None, 10**10).auto
 
 

