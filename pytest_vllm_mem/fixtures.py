@@ -37,7 +37,8 @@ def record_for(request: pytest.FixtureRequest, server_or_error: VLLMServer | VLL
     )
     if is_server:
         record.notes.extend(server_or_error.notes)
-        record.timeline = {"server": server_or_error}
+    # Failed startups are plotted too: memory climbing until the OOM is the most telling timeline.
+    record.timeline = {"server": server_or_error}
     state.records[nodeid] = record
     return record
 

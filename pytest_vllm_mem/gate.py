@@ -12,6 +12,7 @@ from .baseline import (BaselineEntry, BaselineError, BaselineStore, EnvKey, Tole
                        parse_tolerance_spec, resolve_tolerances)
 from .advice import advise, render_steps
 from .results import TestRecord
+from .server import VLLMServer
 from .settings import UsageError
 from .units import format_bytes
 
@@ -58,7 +59,7 @@ def evaluate_record(state: "SessionState", record: TestRecord, marker: dict[str,
     if over_tier:
         server = record.timeline.get("server") if record.timeline else None
         steps = advise(None, server.launched, server.memory, tier_bytes=record.tier_bytes,
-                       peak_bytes=record.peak_memory_bytes) if server else []
+                       peak_bytes=record.peak_memory_bytes) if isinstance(server, VLLMServer) else []
         problems.append("\n".join([over_tier, *render_steps(steps)]))
     metrics = record.metrics()
     if not metrics:

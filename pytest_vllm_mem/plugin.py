@@ -13,9 +13,10 @@ from .fixtures import LoadFailed, startup_failure_key, vllm_config, vllm_load, v
 from .gate import evaluate_record, marker_tolerances, tolerance_layers
 from .report import ReportWriter
 from .results import RECORD_PROPERTY, TestRecord
-from .server import VLLMStartupError, stop_all_servers
+from .server import VLLMServer, VLLMStartupError, stop_all_servers
 from .settings import Settings, UsageError, add_options
 from .state import SessionState, state_key
+from .workers import WorkerDeviceError, assign_worker_gpus
 from .tiers import TierError, device_skip_reason, parse_tier, tier_skip_reason
 
 MARKERS = [
@@ -33,7 +34,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
-    state = SessionState(Settings.from_pytest(config))
+    settings = Settings.from_pytest(config)
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: its own GPUs before any server starts
+        try:
+            assign_worker_gpus(config.workerinput["workerid"], settings.vllm_gpus_per_worker)
+        except WorkerDeviceError as error:
+            raise UsageError(str(error)) from None
+    state = SessionState(settings)
     state.tolerances_cli, state.tolerances_ini = tolerance_layers(config)
     config.stash[state_key] = state
     state.report = ReportWriter(state, config)
@@ -128,7 +135,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Gener
         report.user_properties = list(item.user_properties)
     if record is not None and report.failed and call.when in ("setup", "call"):
         server = record.timeline.get("server") if record.timeline else None
-        if server is not None:
+        server = getattr(server, "server", server)  # a VLLMStartupError keeps the server it could not start
+        if isinstance(server, VLLMServer):
             tail = "\n".join(server.log_text().splitlines()[-40:])
             report.sections.append(("vLLM server log (last 40 lines)", tail))
     return report

@@ -78,12 +78,19 @@ def format_table(rows: list[list[str]]) -> list[str]:
     return [line(COLUMNS), line(["-" * w for w in widths])] + [line(row) for row in rows]
 
 
-def markdown_table(records: list[TestRecord], header: str) -> str:
+def _link(path: str, relative_to: Path | None) -> str:
+    """Plot links relative to the markdown file, so they still work when CI uploads the folder."""
+    if relative_to is None:
+        return path
+    return os.path.relpath(path, relative_to)
+
+
+def markdown_table(records: list[TestRecord], header: str, relative_to: Path | None = None) -> str:
     lines = [f"### vLLM memory and serving ({header})", "", "| " + " | ".join(COLUMNS) + " |",
              "|" + "---|" * len(COLUMNS)]
     for (cells, _), record in zip(table_rows(records), records):
         if record.plot:
-            cells[0] = f"[{cells[0]}]({record.plot})"
+            cells[0] = f"[{cells[0]}]({_link(record.plot, relative_to)})"
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -111,7 +118,12 @@ class ReportWriter:
             try:
                 record.plot = str(plot_record(record, self.state.settings.vllm_plots))
             except ImportError:
-                self.errors.append("--vllm-plots needs matplotlib: pip install 'pytest-vllm-mem[plots]'")
+                message = "--vllm-plots needs matplotlib: pip install 'pytest-vllm-mem[plots]'"
+                if message not in self.errors:
+                    self.errors.append(message)
+            except (ValueError, OSError) as error:
+                self.errors.append(f"--vllm-plots {self.state.settings.vllm_plots}: no plot for {record.test_id}: "
+                                   f"{error}")
 
     def write_all(self, records: list[TestRecord]) -> None:
         settings = self.state.settings
@@ -125,7 +137,8 @@ class ReportWriter:
         if settings.vllm_results:
             self._write(settings.vllm_results, json.dumps(self.results_document(records), indent=2) + "\n",
                         "--vllm-results")
-        markdown = markdown_table(records, self.header()) if records else ""
+        markdown_dir = settings.vllm_markdown.parent if settings.vllm_markdown else None
+        markdown = markdown_table(records, self.header(), markdown_dir) if records else ""
         if settings.vllm_markdown and records:
             self._write(settings.vllm_markdown, markdown, "--vllm-markdown")
         summary = os.environ.get("GITHUB_STEP_SUMMARY")

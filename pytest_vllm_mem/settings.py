@@ -48,6 +48,8 @@ OPTIONS = [
     Option("vllm_sample_period", "memory sampling period in seconds", 0.05, kind="float"),
     Option("vllm_max_servers", "servers kept running at once for reuse (1: stop one before starting the next)", 1,
            kind="int"),
+    Option("vllm_gpus_per_worker", "GPUs each pytest-xdist worker takes (CUDA_VISIBLE_DEVICES), e.g. 2 for "
+           "tensor_parallel_size=2 configs", 1, kind="int"),
     Option("vllm_cache_dir", "persistent folder for vLLM's compile cache, the tiny model and vLLM's flag table",
            None, kind="path"),
     Option("vllm_log_dir", "folder for server logs", ".vllm-mem/logs", kind="path"),
@@ -112,6 +114,7 @@ class Settings:
     vllm_startup_timeout: float
     vllm_sample_period: float
     vllm_max_servers: int
+    vllm_gpus_per_worker: int
     vllm_cache_dir: Path
     vllm_log_dir: Path
     vllm_python: str

@@ -1,0 +1,60 @@
+"""pytest-xdist on a multi-GPU host: each worker gets its own GPUs, so servers never share a device.
+
+Worker gwI takes GPUs [I*K, I*K+K) where K is --vllm-gpus-per-worker (the tensor-parallel size the suite needs).
+An 8-GPU node runs a suite 8 wide with `-n 8`, or 4 wide with `-n 4 --vllm-gpus-per-worker 2` for TP=2 configs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, MutableMapping
+
+
+class WorkerDeviceError(ValueError):
+    """More xdist workers than GPUs to give them."""
+
+
+def nvml_device_count(nvml: Any | None = None) -> int:
+    """GPUs NVML sees (0 without a driver, i.e. on the CPU backend)."""
+    try:
+        if nvml is None:
+            import pynvml as nvml  # noqa: PLC0415 - only on xdist workers
+        nvml.nvmlInit()
+    except Exception:  # no library, no driver: a CPU host
+        return 0
+    try:
+        return int(nvml.nvmlDeviceGetCount())
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def worker_devices(worker_id: str, gpu_count: int, per_worker: int) -> list[int]:
+    match = re.fullmatch(r"gw(\d+)", worker_id)
+    if not match:
+        raise WorkerDeviceError(f"xdist worker id {worker_id!r} is not of the form gwN")
+    first = int(match.group(1)) * per_worker
+    if first + per_worker > gpu_count:
+        raise WorkerDeviceError(
+            f"pytest-xdist worker {worker_id} needs GPUs {first}..{first + per_worker - 1}, but this host has "
+            f"{gpu_count}: use at most -n {gpu_count // per_worker} with --vllm-gpus-per-worker={per_worker}, "
+            "or set CUDA_VISIBLE_DEVICES yourself for each worker."
+        )
+    return list(range(first, first + per_worker))
+
+
+def assign_worker_gpus(worker_id: str, per_worker: int, environ: MutableMapping[str, str] = os.environ,
+                       nvml: Any | None = None) -> str | None:
+    """Set CUDA_VISIBLE_DEVICES for this worker (inherited by its servers); None when there is nothing to assign
+    (the user set it already, or no GPU: CPU servers share the host and pick their own ports)."""
+    if environ.get("CUDA_VISIBLE_DEVICES"):
+        return None
+    count = nvml_device_count(nvml)
+    if count == 0:
+        return None
+    visible = ",".join(str(index) for index in worker_devices(worker_id, count, per_worker))
+    environ["CUDA_VISIBLE_DEVICES"] = visible
+    return visible
