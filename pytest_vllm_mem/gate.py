@@ -61,6 +61,8 @@ def evaluate_record(state: "SessionState", record: TestRecord, marker: dict[str,
         steps = advise(None, server.launched, server.memory, tier_bytes=record.tier_bytes,
                        peak_bytes=record.peak_memory_bytes) if isinstance(server, VLLMServer) else []
         problems.append("\n".join([over_tier, *render_steps(steps)]))
+        record.failure = {"kind": "tier_exceeded", "summary": over_tier, "root_cause": [], "advice": steps,
+                          "log": None}
     metrics = record.metrics()
     if not metrics:
         return "\n\n".join(problems) or None

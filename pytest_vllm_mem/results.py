@@ -34,8 +34,13 @@ class TestRecord:
 
     @property
     def outcome(self) -> str:
+        """The server's story in one word: a failure kind, "regressed", "failed" (the test's own assertion), "ok"."""
         if self.failure:
             return self.failure["kind"]
+        if self.baseline_status == "compared" and any(c["status"] == "regressed" for c in self.comparisons):
+            return "regressed"
+        if self.passed is False:
+            return "failed"
         return "ok" if self.startup.get("ok") else "not started"
 
     @property

@@ -146,7 +146,18 @@ def test_starts(vllm_server):
 
 
 def _server_processes(token: str, pytest_pid: int) -> list[psutil.Process]:
-    return [proc for proc in processes_with_token(token) if proc.pid != pytest_pid]
+    """The inner session's server processes. Found by token and as descendants of those: vLLM renames its engine
+    and worker processes with setproctitle, which overwrites /proc/PID/environ, so they show no token."""
+    found: dict[int, psutil.Process] = {}
+    for proc in processes_with_token(token):
+        if proc.pid == pytest_pid:
+            continue
+        found[proc.pid] = proc
+        try:
+            found.update((child.pid, child) for child in proc.children(recursive=True))
+        except psutil.Error:
+            continue
+    return [proc for proc in found.values() if running([proc.pid])]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -170,20 +181,21 @@ def test_interrupting_pytest_during_a_real_startup_stops_every_server_process(py
                 break
             time.sleep(0.2)
         seen.update(proc.pid for proc in _server_processes(token, process.pid))
-        FIGURES.saw(seen)
         sent = time.monotonic()
         process.send_signal(sig)
         deadline = sent + 60
-        while _server_processes(token, process.pid):
+        while running(seen) or _server_processes(token, process.pid):
+            seen.update(proc.pid for proc in _server_processes(token, process.pid))
             assert time.monotonic() < deadline, "server processes outlived the interrupted pytest by 60 s"
             time.sleep(0.05)
         servers_gone = time.monotonic() - sent
         code = process.wait(60)
         exited = time.monotonic() - sent
     finally:
+        FIGURES.saw(seen)
         if process.poll() is None:
             process.kill()
-        kill_quietly(list(seen) + [proc.pid for proc in processes_with_token(token)])
+        kill_quietly(list(seen) + [proc.pid for proc in _server_processes(token, process.pid)])
     output = log.read_text()
     assert code == pytest.ExitCode.INTERRUPTED, output[-3000:]
     assert "KeyboardInterrupt" in output
