@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .settings import OPTIONS, Settings, UsageError, _default_cache_dir
+from .settings import OPTIONS, Settings, UsageError, default_cache_dir
 from .tiers import TierError, parse_tier
 from .tune import (DEFAULT_MAX_STARTUPS, DEFAULT_RESOLUTION, GOALS, UTILIZATION_FLAG, LoadSpec, TuneError,
                    TuneResult, tune)
@@ -147,7 +147,7 @@ def build_settings(args: argparse.Namespace) -> Settings:
         values[option.name] = Path(default) if option.kind == "path" and default is not None else default
     values.update(vllm_model=args.model, vllm_gpu=args.tier, vllm_max_servers=1,
                   vllm_startup_timeout=args.startup_timeout, vllm_log_dir=args.log_dir,
-                  vllm_cache_dir=args.cache_dir or _default_cache_dir(), vllm_python=args.python or sys.executable,
+                  vllm_cache_dir=args.cache_dir or default_cache_dir(), vllm_python=args.python or sys.executable,
                   vllm_tolerance="")
     known = {f.name for f in dataclasses.fields(Settings)}
     return Settings(**{name: value for name, value in values.items() if name in known})
@@ -164,9 +164,9 @@ def _print(line: str) -> None:
 def run_tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .config import VLLMConfig
     from .server import stop_all_servers
-    from .state import SessionState, _missing_model_folder
+    from .state import SessionState, missing_model_folder
 
-    missing = _missing_model_folder(args.model)
+    missing = missing_model_folder(args.model)
     if missing:
         parser.error(f"argument --model: {missing}")
     config = VLLMConfig(args.model, env=dict(args.env), **dict(args.flag))

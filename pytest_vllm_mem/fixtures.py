@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import pytest
 
@@ -12,6 +12,9 @@ from .measure import load_failure_message, measured_load
 from .results import TestRecord
 from .server import VLLMServer, VLLMStartupError
 from .state import SessionState, state_key
+
+if TYPE_CHECKING:
+    from .tune import TuneResult
 
 
 def _state(request: pytest.FixtureRequest) -> SessionState:
@@ -139,3 +142,31 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: VLLMServer) -> Callab
         return by_throughput[len(by_throughput) // 2]
 
     return load
+
+
+@pytest.fixture
+def vllm_tune(request: pytest.FixtureRequest) -> Callable[..., "TuneResult"]:
+    """tune(config=None, *, low=None, high=None, resolution=0.05, max_startups=6, goal="auto", load=None)
+    -> TuneResult: the highest (GPU) or lowest (CPU) gpu_memory_utilization that starts and survives a load on this
+    run's tier, by bisection. Each trial starts its own server, so do not combine it with vllm_server in one test."""
+    from .tune import TuneError, tune
+
+    state = _state(request)
+    terminal = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+
+    def progress(line: str) -> None:
+        # Each trial can take a minute: show progress live, past pytest's output capture.
+        if terminal is None or capture is None:
+            print(line)
+            return
+        with capture.global_and_fixture_disabled():
+            terminal.write_line(line)
+
+    def run(config: VLLMConfig | None = None, **options):
+        try:
+            return tune(state, config or state.default_config(), out=progress, **options)
+        except TuneError as error:
+            pytest.fail(str(error), pytrace=False)
+
+    return run

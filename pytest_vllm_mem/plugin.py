@@ -9,7 +9,8 @@ from typing import Generator
 import pytest
 
 from . import fixtures as _fixtures  # noqa: F401  (registers the fixtures with this plugin)
-from .fixtures import LoadFailed, startup_failure_key, vllm_config, vllm_load, vllm_server, vllm_start  # noqa: F401
+from .fixtures import (LoadFailed, startup_failure_key, vllm_config, vllm_load, vllm_server,  # noqa: F401
+                       vllm_start, vllm_tune)
 from .gate import evaluate_record, marker_tolerances, tolerance_layers
 from .report import ReportWriter
 from .results import RECORD_PROPERTY, TestRecord

@@ -74,7 +74,7 @@ def add_options(parser: pytest.Parser) -> None:
                       default=option.default if option.kind == "bool" else None)
 
 
-def _default_cache_dir() -> Path:
+def default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "pytest-vllm-mem"
 
@@ -130,7 +130,7 @@ class Settings:
                 if raw in (None, "", []) and option.kind != "bool":
                     raw = option.default
             values[option.name] = None if raw is None else _convert(option, raw, rootdir, source)
-        values["vllm_cache_dir"] = values["vllm_cache_dir"] or _default_cache_dir()
+        values["vllm_cache_dir"] = values["vllm_cache_dir"] or default_cache_dir()
         values["vllm_python"] = values["vllm_python"] or sys.executable
         values["vllm_tolerance"] = values["vllm_tolerance"] or ""
         return cls(**values)

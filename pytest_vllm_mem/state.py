@@ -174,7 +174,7 @@ class SessionState:
         """Start (or reuse) the server for `config`; VLLMStartupError when it does not come up."""
         launched, emulation, notes = self.launched_config(config)
         problems = flag_problems(launched, self.parser_table)
-        model_problem = _missing_model_folder(launched.model)
+        model_problem = missing_model_folder(launched.model)
         if model_problem:
             problems.append(model_problem)
         if problems:
@@ -198,7 +198,7 @@ class SessionState:
             self._probe.close()
 
 
-def _missing_model_folder(model: str) -> str | None:
+def missing_model_folder(model: str) -> str | None:
     """Hub names (org/name) cannot be checked offline; a path that looks local and is missing can."""
     looks_local = model.startswith(("/", "./", "../", "~")) or os.sep in model and Path(model).parent.exists()
     if looks_local and not Path(os.path.expanduser(model)).exists():

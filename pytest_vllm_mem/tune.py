@@ -421,9 +421,10 @@ def tune(state: SessionState, config: VLLMConfig, *, low: float | None = None, h
     check_range(low, high, resolution, max_startups)
     load = load or LoadSpec()
     tier = state.tier
-    if tier.bytes > state.device.total_bytes:
+    device_total = state.device_total_now()  # a VM's CPU node can grow or shrink within a session
+    if tier.bytes > device_total:
         raise TuneError(f"the {tier} tier ({format_bytes(tier.bytes)}) is larger than this device "
-                        f"({state.device.name}, {format_bytes(state.device.total_bytes)}): a larger tier cannot be "
+                        f"({state.device.name}, {format_bytes(device_total)}): a larger tier cannot be "
                         "emulated on it. Pick a tier up to the device's size, or auto.")
     launched, emulation, _notes = state.launched_config(config.with_flags(**{UTILIZATION_FLAG: high}))
     problems = flag_problems(launched, state.parser_table)

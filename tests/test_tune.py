@@ -204,6 +204,9 @@ class FakeState:
             "--max-model-len": {"takes_value": True, "choices": None},
             "--gpu-memory-utilization": {"takes_value": True, "choices": None}}, {})
 
+    def device_total_now(self) -> int:
+        return self.device.total_bytes
+
     def launched_config(self, config: VLLMConfig):
         return config, None, []
 
@@ -305,6 +308,13 @@ def test_tune_prints_progress_and_recommends(fake_load) -> None:
 def test_tune_refuses_a_config_that_sets_the_utilization() -> None:
     with pytest.raises(TuneError, match="gpu_memory_utilization=0.5: that is the value the tuner searches"):
         tune(FakeState(), VLLMConfig("tiny", gpu_memory_utilization=0.5))
+
+
+def test_tune_refuses_a_tier_larger_than_the_device() -> None:
+    state = FakeState()
+    state.tier = Tier("24gb", 24 * 10**9)
+    with pytest.raises(TuneError, match="the 24gb tier .* is larger than this device"):
+        tune(state, VLLMConfig("tiny"))
 
 
 def test_tune_refuses_an_unknown_flag_before_any_startup() -> None:
