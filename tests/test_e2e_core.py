@@ -3,6 +3,8 @@ flag fast, reuse servers, leave no process. One inner session, two server startu
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from e2e import record, run_inner
@@ -33,6 +35,10 @@ def test_reused(vllm_server, vllm_load):
     assert str(vllm_server.pid) == PIDS.read_text()
     assert vllm_load(num_prompts=16, concurrency=4, max_tokens=16).ok
 
+@pytest.mark.parametrize("vllm_config", [OK], ids=["bench"])
+def test_benchmark_rounds(vllm_server, vllm_load, benchmark):
+    assert vllm_load(num_prompts=16, concurrency=8, max_tokens=16, repeat=2).ok
+
 def test_bad_flag_fails_fast(vllm_start):
     started = time.monotonic()
     with pytest.raises(VLLMStartupError) as error:
@@ -58,8 +64,9 @@ def test_starved_fails_the_test(vllm_server):
 
 def test_core_contract(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_inner=INNER)
-    result, data = run_inner(pytester)
-    result.assert_outcomes(passed=4, failed=1)
+    bench = pytester.path / "bench.json"
+    result, data = run_inner(pytester, f"--benchmark-json={bench}")
+    result.assert_outcomes(passed=5, failed=1)
     output = result.stdout.str()
 
     # The starved config fails its test with kind, root cause, command line and next step, and no traceback.
@@ -81,5 +88,8 @@ def test_core_contract(pytester: pytest.Pytester) -> None:
     # Equal configs share one server: two failures and one healthy server means three startups would be a bug.
     assert data["server_startups"] == 2
     assert data["leaked_server_pids"] == []
+    # pytest-benchmark saw the loads as rounds, with the serving figures attached.
+    (benchmark,) = json.loads(bench.read_text())["benchmarks"]
+    assert benchmark["stats"]["rounds"] == 2 and benchmark["extra_info"]["output_throughput"] > 0
     delay = float((pytester.path / "detect_delay.txt").read_text())
     print(f"failure detected {delay:.2f} s after the server's last log line")
