@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,10 +14,12 @@ from .advice import advise
 from .config import VLLMConfig
 from .diagnose import Diagnosis
 from .flagcheck import FlagCheckError, ParserTable, flag_problems, load_parser_table
-from .memory import DeviceInfo, MemoryProbe, cpu_node_memory, detect_device, make_probe, wait_for_free_memory
+from .memory import (DeviceInfo, MemoryProbe, cpu_node_memory, detect_device, make_probe, process_tree,
+                     wait_for_free_memory)
 from .results import TestRecord
 from .server import LaunchSettings, StartupOutcome, VLLMServer, VLLMStartupError, launch
 from .settings import Settings, UsageError
+from .units import format_bytes
 from .tiers import Emulation, Tier, TierError, emulate_tier, resolve_tier
 
 TINY_MODEL = "tiny"
@@ -55,10 +58,13 @@ class ServerPool:
             raise self.failed[launched]
         while len(self.running) >= self.capacity:
             self.release(next(iter(self.running)))
-        holders = wait_for_free_memory(self.probe, needed_bytes=advice_context.get("requested_bytes"),
-                                       exclude_pids=(), timeout_s=FREE_MEMORY_WAIT_S)
-        notes = [f"waited for memory held by pid {pid} ({name}): {used / 2**30:.2f} GiB still held"
-                 for pid, used, name in holders]
+        ours = set().union(*(process_tree(server.pid) for server in self.running.values()))
+        waited_from = time.monotonic()
+        holders = wait_for_free_memory(self.probe, exclude_pids=ours,
+                                       needed_bytes=advice_context.get("requested_bytes"),
+                                       timeout_s=FREE_MEMORY_WAIT_S)
+        if holders:  # vLLM would refuse to start ("Free memory on device ... is less than desired"): say who holds it
+            raise self._memory_held_error(launched, holders, advice_context, time.monotonic() - waited_from)
 
         def _advise(diagnosis: Diagnosis, memory, peak: int) -> list[str]:
             return advise(diagnosis, launched, memory, tier_bytes=advice_context.get("tier_bytes"), peak_bytes=peak)
@@ -69,9 +75,27 @@ class ServerPool:
         except VLLMStartupError as error:
             self.failed[launched] = error
             raise
-        server.notes.extend(notes)
         self.running[launched] = server
         return server
+
+    def _memory_held_error(self, launched: VLLMConfig, holders: list[tuple[int, int, str]], context: dict,
+                           waited_s: float) -> VLLMStartupError:
+        device = self.probe.device
+        held = sum(used for _, used, _ in holders)
+        free = device.total_bytes - self.probe.device_used_bytes()
+        names = ", ".join(f"pid {pid} ({name}) {format_bytes(used)}" for pid, used, name in holders)
+        diagnosis = Diagnosis(
+            kind="insufficient_free_memory",
+            summary=(f"other processes still hold {format_bytes(held)} of {device.name} after waiting "
+                     f"{waited_s:.0f} s; {format_bytes(free)} free, the server needs "
+                     f"{format_bytes(context.get('requested_bytes') or 0)}"),
+            root_cause=tuple(f"pid {pid} ({name}) holds {format_bytes(used)}" for pid, used, name in holders),
+            figures={"free_gib": free / 2**30, "device_total_gib": device.total_bytes / 2**30,
+                     "requested_gib": (context.get("requested_bytes") or 0) / 2**30},
+        )
+        return VLLMStartupError(diagnosis, launched, None,
+                                StartupOutcome(False, diagnosis.kind, waited_s, 0),
+                                advise(diagnosis, launched, None, tier_bytes=context.get("tier_bytes")))
 
     def release(self, launched: VLLMConfig) -> None:
         server = self.running.pop(launched, None)

@@ -1,0 +1,48 @@
+"""Session state and server pool logic that needs no server: leftover memory on the device, model overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_vllm_mem import VLLMConfig, VLLMStartupError, state as state_module
+from pytest_vllm_mem.memory import DeviceInfo
+from pytest_vllm_mem.server import LaunchSettings
+from pytest_vllm_mem.state import ServerPool
+
+GIB = 2**30
+
+
+class HeldDeviceProbe:
+    """A GPU on which another process (an earlier server still exiting) holds 60 GiB of 80."""
+
+    device = DeviceInfo(backend="cuda", name="NVIDIA H100 80GB HBM3", total_bytes=80 * GIB, index=0)
+
+    def other_holders(self, exclude_pids):
+        return [(4242, 60 * GIB, "VLLM::Worker")]
+
+    def device_used_bytes(self) -> int:
+        return 60 * GIB
+
+    def used_bytes(self, pids) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+def test_memory_held_by_another_process_fails_before_launch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(state_module, "FREE_MEMORY_WAIT_S", 0.2)
+    launched = []
+    monkeypatch.setattr(state_module, "launch", lambda *args, **kwargs: launched.append(args))
+    pool = ServerPool(LaunchSettings(log_dir=tmp_path), HeldDeviceProbe())
+    config = VLLMConfig("m", gpu_memory_utilization=0.9)
+    with pytest.raises(VLLMStartupError) as error:
+        pool.acquire(config, config, {"requested_bytes": int(0.9 * 80 * GIB), "tier_bytes": 80 * 10**9})
+    assert error.value.kind == "insufficient_free_memory"
+    message = str(error.value)
+    assert "pid 4242 (VLLM::Worker) holds 60.00 GiB" in message
+    assert "20.00 GiB free, the server needs 72.00 GiB" in message
+    assert "next step:" in message
+    assert launched == []  # vLLM was never started into a device it could not have
