@@ -68,7 +68,7 @@ class VLLMStartupError(Exception):
     def render(self) -> str:
         lines = [f"vLLM startup failed [{self.kind}] after {self.startup.duration_s:.1f}s: {self.diagnosis.summary}"]
         if self.diagnosis.root_cause:
-            lines.append("root cause (from the server log):")
+            lines.append("root cause (from the server log):" if self.log_path else "root cause:")
             lines += [f"    {line}" for line in self.diagnosis.root_cause]
         lines.append(f"command: {self.config}")
         lines += render_steps(self.advice)
