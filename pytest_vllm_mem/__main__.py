@@ -12,7 +12,7 @@ import json
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .settings import OPTIONS, Settings, UsageError, default_cache_dir
 from .tiers import TierError, parse_tier
@@ -22,45 +22,25 @@ from .tune import (DEFAULT_MAX_STARTUPS, DEFAULT_RESOLUTION, GOALS, UTILIZATION_
 EXIT_FOUND, EXIT_NONE_WORKED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a gpu_memory_utilization: give a fraction in (0, 1], "
-                                         "e.g. 0.9")
-    return value
+def _number(convert: Callable[[str], float], accept: Callable[[float], bool], expected: str) -> Callable[[str], float]:
+    """An argparse type: `convert`, then `accept`, else an error naming the input and what is expected."""
+
+    def parse(text: str) -> float:
+        try:
+            value = convert(text)
+        except ValueError:
+            value = float("nan")
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {expected}")
+        return value
+
+    return parse
 
 
-def _step(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a search step: give a fraction in (0, 1), e.g. 0.05")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
+_fraction = _number(float, lambda v: 0 < v <= 1, "a gpu_memory_utilization: give a fraction in (0, 1], e.g. 0.9")
+_step = _number(float, lambda v: 0 < v < 1, "a search step: give a fraction in (0, 1), e.g. 0.05")
+_positive_int = _number(int, lambda v: v >= 1, "a positive whole number")
+_positive_float = _number(float, lambda v: v > 0, "a positive number of seconds")
 
 
 def _tier(text: str) -> str:
