@@ -101,6 +101,7 @@ class ReportWriter:
         self.config = config
         self.baseline_written: int | None = None
         self.errors: list[str] = []
+        self.written: dict[str, Path] = {}  # option -> file actually written, for the summary
 
     def header(self) -> str:
         state = self.state
@@ -170,6 +171,7 @@ class ReportWriter:
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
             tmp.write_text(text)
             os.replace(tmp, path)
+            self.written[option] = path
         except OSError as error:
             self.errors.append(f"{option} {path}: could not write the file ({error.strerror or error}); "
                                "pass a path in a writable folder")
@@ -193,10 +195,8 @@ class ReportWriter:
                               "record with --vllm-update-baseline")
         if self.baseline_written is not None:
             terminal.line(f"baseline: wrote {self.baseline_written} entries to {self.state.settings.vllm_baseline}")
-        for name in ("vllm_results", "vllm_markdown"):
-            path = getattr(self.state.settings, name)
-            if path and records:
-                terminal.line(f"{name.replace('vllm_', '')}: {path}")
+        for option, path in self.written.items():
+            terminal.line(f"{option.replace('--vllm-', '')}: {path}")
         if leaked:
             terminal.line(f"stopped {len(leaked)} vLLM server(s) still running at session end: pids {leaked}",
                           red=True)

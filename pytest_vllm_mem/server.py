@@ -77,6 +77,12 @@ class VLLMStartupError(Exception):
         return "\n".join(lines)
 
 
+class ServerLaunchError(RuntimeError):
+    """The server process could not be started at all (log folder not writable, interpreter not runnable).
+
+    Fix (reliability): these were bare OSErrors, shown as a traceback through the plugin."""
+
+
 # Every server process group this interpreter started and has not stopped yet: the session-end sweep and the
 # SIGTERM handler stop what is left here, so no vLLM outlives pytest.
 _LIVE: dict[int, "VLLMServer"] = {}
@@ -269,7 +275,9 @@ def _log_path(settings: LaunchSettings, config: VLLMConfig) -> Path:
     _launch_counter += 1
     name = _slug_re.sub("_", f"{Path(config.model).name}-{config.short_id()}")[:80]
     settings.log_dir.mkdir(parents=True, exist_ok=True)
-    return settings.log_dir / f"{os.getpid()}-{_launch_counter:02d}-{name}.log"
+    path = settings.log_dir / f"{os.getpid()}-{_launch_counter:02d}-{name}.log"
+    path.touch()  # an unwritable folder fails here, before anything is started
+    return path
 
 
 # Fix (reliability): free_port() closes its socket before vLLM binds the port (seconds later, after its imports);
@@ -307,13 +315,22 @@ def launch(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSettings, p
 def _launch_once(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSettings, probe: MemoryProbe,
                  advise=None) -> VLLMServer:
     port = free_port()
-    log_path = _log_path(settings, launched)
     argv = [settings.python, "-m", SERVER_MODULE, *launched.cli_args(), "--host", "127.0.0.1", "--port", str(port)]
+    try:
+        log_path = _log_path(settings, launched)
+    except OSError as error:
+        raise ServerLaunchError(f"Cannot write the server log in {settings.log_dir}: {error.strerror or error}. "
+                                "Pass a writable folder for server logs (--vllm-log-dir).") from None
     started_at = time.monotonic()
     with open(log_path, "wb") as log:
         # No shell: flag values reach vLLM as argv items, never interpreted. Own session = own process group.
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=server_env(launched, settings), start_new_session=True)
+        try:
+            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       env=server_env(launched, settings), start_new_session=True)
+        except OSError as error:
+            raise ServerLaunchError(f"Cannot run the server interpreter {settings.python}: "
+                                    f"{error.strerror or error}. Pass an interpreter that has vLLM installed "
+                                    "(--vllm-python).") from None
     sampler = MemorySampler(probe, process.pid, settings.sample_period_s).start()
     sampler.mark("launch")
     server = VLLMServer(config=config, launched=launched, device=probe.device, port=port, process=process,
