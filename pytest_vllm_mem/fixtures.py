@@ -9,7 +9,7 @@ import pytest
 from .config import VLLMConfig
 from .load import LoadResult
 from .measure import load_failure_message, measured_load
-from .results import TestRecord
+from .results import TestRecord, failure_dict
 from .server import VLLMServer, VLLMStartupError
 from .state import SessionState, state_key
 
@@ -46,11 +46,6 @@ def record_for(request: pytest.FixtureRequest, server_or_error: VLLMServer | VLL
     return record
 
 
-def _failure_dict(error: VLLMStartupError) -> dict:
-    return {"kind": error.kind, "summary": error.diagnosis.summary, "root_cause": list(error.diagnosis.root_cause),
-            "advice": error.advice, "log": str(error.log_path) if error.log_path else None}
-
-
 @pytest.fixture
 def vllm_config(request: pytest.FixtureRequest) -> VLLMConfig:
     """The config under test: the ini/CLI default model; override with @pytest.mark.parametrize("vllm_config", ...)."""
@@ -71,7 +66,7 @@ def vllm_start(request: pytest.FixtureRequest) -> Callable[[VLLMConfig], VLLMSer
         except VLLMStartupError as error:
             error.requested = config
             record = record_for(request, error)
-            record.failure = _failure_dict(error)
+            record.failure = failure_dict(error.diagnosis, error.advice, error.log_path)
             record.notes.append("startup failure raised to the test (vllm_start)")
             raise
         record_for(request, server)
@@ -103,7 +98,7 @@ def vllm_server(request: pytest.FixtureRequest, vllm_config: VLLMConfig) -> VLLM
         server = state.start(vllm_config)
     except VLLMStartupError as error:
         error.requested = vllm_config
-        record_for(request, error).failure = _failure_dict(error)
+        record_for(request, error).failure = failure_dict(error.diagnosis, error.advice, error.log_path)
         request.node.stash[startup_failure_key] = error
         return FailedServer(error)  # type: ignore[return-value]
     record_for(request, server)
@@ -138,9 +133,7 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: VLLMServer) -> Callab
                                    request_rate=request_rate, timeout_s=timeout_s)
             record.loads.append(result.to_dict())
             if result.failure is not None:
-                record.failure = {"kind": result.failure.kind, "summary": result.failure.summary,
-                                  "root_cause": list(result.failure.root_cause), "advice": result.advice,
-                                  "log": str(vllm_server.log_path)}
+                record.failure = failure_dict(result.failure, result.advice, vllm_server.log_path)
                 raise LoadFailed(load_failure_message(vllm_server, result))
             results.append(result)
 

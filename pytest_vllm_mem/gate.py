@@ -11,7 +11,8 @@ from .baseline import (BaselineEntry, BaselineError, BaselineStore, EnvKey, Tole
                        format_gate_failure, gate_failures, git_commit, parse_tolerance_mapping,
                        parse_tolerance_spec, resolve_tolerances)
 from .advice import advise, render_steps
-from .results import TestRecord
+from .diagnose import Diagnosis
+from .results import TestRecord, failure_dict
 from .server import VLLMServer
 from .settings import UsageError
 from .units import format_bytes
@@ -61,8 +62,7 @@ def evaluate_record(state: "SessionState", record: TestRecord, marker: dict[str,
         steps = advise(None, server.launched, server.memory, tier_bytes=record.tier_bytes,
                        peak_bytes=record.peak_memory_bytes) if isinstance(server, VLLMServer) else []
         problems.append("\n".join([over_tier, *render_steps(steps)]))
-        record.failure = {"kind": "tier_exceeded", "summary": over_tier, "root_cause": [], "advice": steps,
-                          "log": None}
+        record.failure = failure_dict(Diagnosis("tier_exceeded", over_tier), steps, None)
     metrics = record.metrics()
     if not metrics:
         return "\n\n".join(problems) or None

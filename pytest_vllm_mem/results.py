@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .diagnose import Diagnosis
 
 RECORD_PROPERTY = "vllm_mem_record"  # key in item.user_properties: survives pytest-xdist report serialization
 
@@ -88,6 +92,12 @@ class TestRecord:
     def from_dict(cls, data: dict[str, Any]) -> "TestRecord":
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)
+
+
+def failure_dict(diagnosis: "Diagnosis", advice: list[str], log_path: Path | None) -> dict[str, Any]:
+    """A failure as the record (and the results JSON) keeps it."""
+    return {"kind": diagnosis.kind, "summary": diagnosis.summary, "root_cause": list(diagnosis.root_cause),
+            "advice": list(advice), "log": str(log_path) if log_path else None}
 
 
 def _single(record: TestRecord, load: dict[str, Any]) -> TestRecord:
