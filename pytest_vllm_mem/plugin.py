@@ -6,6 +6,7 @@ import json
 import signal
 from typing import Generator
 
+import psutil
 import pytest
 
 from . import fixtures as _fixtures  # noqa: F401  (registers the fixtures with this plugin)
@@ -14,7 +15,7 @@ from .fixtures import (LoadFailed, startup_failure_key, vllm_config, vllm_load, 
 from .gate import evaluate_record, marker_tolerances, tolerance_layers
 from .report import ReportWriter
 from .results import RECORD_PROPERTY, TestRecord
-from .server import VLLMServer, VLLMStartupError, stop_all_servers
+from .server import ServerLaunchError, VLLMServer, VLLMStartupError, stop_all_servers
 from .settings import Settings, UsageError, add_options
 from .state import SessionState, state_key
 from .workers import WorkerDeviceError, assign_worker_gpus
@@ -47,22 +48,54 @@ def pytest_configure(config: pytest.Config) -> None:
     state.report = ReportWriter(state, config)
     state.collector = RecordCollector()
     config.pluginmanager.register(state.collector, "vllm-mem-collector")
-    _stop_servers_on_sigterm()
+    _stop_servers_on_sigterm(config)
 
 
-def _stop_servers_on_sigterm() -> None:
+_sigterm_key = pytest.StashKey[tuple]()
+
+
+def _stop_servers_on_sigterm(config: pytest.Config) -> None:
     """pytest has no SIGTERM handling: CI cancelling a job would orphan a server holding the GPU. Stop them first."""
     previous = signal.getsignal(signal.SIGTERM)
 
     def handler(signum, frame):  # pragma: no cover - exercised by the reliability tests in a subprocess
+        _forward_to_xdist_workers(config, signum)
         stop_all_servers(grace_s=5.0)
-        signal.signal(signal.SIGTERM, previous if callable(previous) else signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
         raise KeyboardInterrupt("SIGTERM")
 
     try:
         signal.signal(signal.SIGTERM, handler)
     except ValueError:
-        pass  # not the main thread (embedded pytest): nothing to install
+        return  # not the main thread (embedded pytest): nothing to install
+    config.stash[_sigterm_key] = (handler, previous)
+
+
+def _forward_to_xdist_workers(config: pytest.Config, signum: int) -> None:
+    """Fix (reliability): under xdist a SIGTERM reaches the controller only; execnet interrupts the workers 5 s
+    later and kills them 5 s after that, which cut short a worker's stop of its (starting) servers and could orphan
+    them (measured: 9.6 s of the 10 s). The workers, our handler installed in each, stop their servers at once."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return
+    try:
+        workers = psutil.Process().children()  # the controller runs no tests: its children are its workers
+    except psutil.Error:
+        return
+    for worker in workers:
+        try:
+            worker.send_signal(signum)
+        except psutil.Error:
+            pass
+
+
+def _restore_sigterm(config: pytest.Config) -> None:
+    """Fix (reliability): in-process runs (pytester) stacked one handler per session on the host process."""
+    handler, previous = config.stash.get(_sigterm_key, (None, None))
+    if handler is not None and signal.getsignal(signal.SIGTERM) is handler:
+        try:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        except ValueError:
+            pass
 
 
 def _tier_marker_values(item: pytest.Item) -> tuple[str | None, str | None]:
@@ -122,9 +155,11 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     state: SessionState = item.config.stash[state_key]
-    # Fix (reliability): UsageError too: a corrupt baseline file or an interpreter without vLLM (--vllm-python) is
-    # found during a test and failed it with a traceback through the plugin; the message alone names the input.
-    if call.excinfo is not None and call.excinfo.errisinstance((VLLMStartupError, LoadFailed, UsageError)):
+    # Fix (reliability): UsageError and ServerLaunchError too: a corrupt baseline file, an interpreter without vLLM
+    # (--vllm-python) or an unwritable --vllm-log-dir is found during a test and failed it with a traceback through
+    # the plugin; the message alone names the input.
+    if call.excinfo is not None and call.excinfo.errisinstance((VLLMStartupError, LoadFailed, UsageError,
+                                                                 ServerLaunchError)):
         # The message already quotes the root cause and the next step; a traceback through the plugin adds nothing.
         report.longrepr = str(call.excinfo.value)
     record = state.records.get(item.nodeid)
@@ -176,3 +211,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     stop_all_servers(grace_s=5.0)
+    _restore_sigterm(config)

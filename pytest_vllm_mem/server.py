@@ -86,7 +86,7 @@ class ServerLaunchError(RuntimeError):
 # Every server process group this interpreter started and has not stopped yet: the session-end sweep and the
 # SIGTERM handler stop what is left here, so no vLLM outlives pytest.
 _LIVE: dict[int, "VLLMServer"] = {}
-STARTING_STOP_GRACE_S = 5.0  # see VLLMServer.stop
+STARTING_STOP_GRACE_S = 5.0  # see VLLMServer.stop and _wait_for_exit
 # Fix (reliability): reentrant, because the SIGTERM handler (plugin.py) runs stop_all_servers on the main thread,
 # possibly while that thread is inside `with _LIVE_LOCK` in launch() or stop(): a plain Lock deadlocked there.
 _LIVE_LOCK = threading.RLock()
@@ -148,24 +148,22 @@ class VLLMServer:
     def stop(self, grace_s: float = 15.0) -> None:
         """Terminate the whole process group, then kill what is left after `grace_s`. Idempotent."""
         if self.startup is None:
-            # Fix (reliability): vLLM's API server does not act on SIGTERM before it is healthy (measured on 0.32:
-            # its engine exits within 3 s, the API server waits for it forever), so every stop of a starting server
-            # (Ctrl-C, CI cancel, startup timeout) took the whole grace period. Nothing is being served: cut it short.
+            # Fix (reliability): a server that never became healthy serves nothing; a stuck one should not hold
+            # Ctrl-C or a CI cancel for the whole grace period (see _wait_for_exit for the usual case).
             grace_s = min(grace_s, STARTING_STOP_GRACE_S)
-        tree = _process_tree_pids(self.pid)
+        # Fix (reliability): Process objects, not pids, taken before the first signal: psutil checks a process's
+        # identity before signalling it, so a pid reused by an unrelated process in the meantime is never killed.
+        tree = _tree_processes(self.pid)
         _signal_group(self.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
+        self._wait_for_exit(tree, grace_s)
         _signal_group(self.pid, signal.SIGKILL)
         # Children that left the group (setsid) are still ours: kill them by PID.
-        for pid in tree:
+        for proc in tree:
             try:
-                psutil.Process(pid).kill()
+                proc.kill()
             except psutil.Error:
                 pass
-        psutil.wait_procs([p for p in _as_processes(tree)], timeout=5)
+        psutil.wait_procs(tree, timeout=5)
         try:
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -173,6 +171,30 @@ class VLLMServer:
         self.sampler.stop()
         with _LIVE_LOCK:
             _LIVE.pop(self.pid, None)
+
+    def _wait_for_exit(self, tree: list[psutil.Process], grace_s: float) -> None:
+        """Until the API server exits, or `grace_s`, or until the rest of its tree has exited.
+
+        Fix (reliability): vLLM 0.32's API server does not act on SIGTERM before it is healthy: its engine and
+        workers exit within ~2 s (freeing the device and their shared memory), the API server then waits for them
+        forever, so every stop of a starting server (Ctrl-C, CI cancel, startup timeout) took the whole grace period
+        (15 s; under xdist a worker has 5 s before the controller kills it and orphans the server). Once only the
+        API server and its multiprocessing resource tracker are left, one more second, then the kill.
+        """
+        helpers = [proc for proc in tree if proc.pid != self.pid and not _is_resource_tracker(proc)]
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            try:
+                self.process.wait(timeout=min(0.1, max(deadline - time.monotonic(), 0.01)))
+                return
+            except subprocess.TimeoutExpired:
+                pass
+            if helpers and not any(_running(proc) for proc in helpers):
+                try:
+                    self.process.wait(timeout=max(min(1.0, deadline - time.monotonic()), 0.01))
+                except subprocess.TimeoutExpired:
+                    pass
+                return
 
 
 def secret_values(config: VLLMConfig) -> list[str]:
@@ -190,16 +212,6 @@ def mask_secrets(text: str, config: VLLMConfig) -> str:
     for value in secret_values(config):
         text = text.replace(value, "***")
     return text
-
-
-def _as_processes(pids: set[int]) -> list[psutil.Process]:
-    processes = []
-    for pid in pids:
-        try:
-            processes.append(psutil.Process(pid))
-        except psutil.Error:
-            pass
-    return processes
 
 
 def _running(proc: psutil.Process) -> bool:
@@ -225,12 +237,19 @@ def _engine_processes(root: int) -> list[psutil.Process]:
     return engines
 
 
-def _process_tree_pids(root: int) -> set[int]:
+def _tree_processes(root: int) -> list[psutil.Process]:
     try:
         proc = psutil.Process(root)
-        return {root, *(child.pid for child in proc.children(recursive=True))}
+        return [proc, *proc.children(recursive=True)]
     except psutil.Error:
-        return set()
+        return []
+
+
+def _is_resource_tracker(proc: psutil.Process) -> bool:
+    try:
+        return "multiprocessing.resource_tracker" in " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -244,7 +263,7 @@ def stop_all_servers(grace_s: float = 5.0) -> list[int]:
     """Stop every server still registered; returns the pids that were still alive (a leak the caller reports)."""
     with _LIVE_LOCK:
         servers = list(_LIVE.values())
-    leaked = [server.pid for server in servers if server.alive()]
+    leaked = [server.pid for server in servers if server.process.poll() is None]  # running, even if its engine died
     for server in servers:
         server.stop(grace_s)
     return leaked

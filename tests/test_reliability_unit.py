@@ -295,43 +295,64 @@ def test_hangs(vllm_server):
     FIGURES.fault("startup hang (inner session, --vllm-startup-timeout=5)", elapsed - 5)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_interrupting_pytest_during_startup_stops_the_server(pytester: pytest.Pytester, sig: int) -> None:
-    pytester.makepyfile(test_inner=STUB_CONFIGS + '''
-@pytest.mark.parametrize("vllm_config", [HANG], ids=["hang"])
-def test_hangs(vllm_server):
-    pass
-''')
+def interrupt_inner(pytester: pytest.Pytester, sig: int, body: str, pid_files: list[str],
+                    *args: str) -> tuple[int, str, float, list[int]]:
+    """Start an inner pytest, wait until every stub in `pid_files` runs, send `sig` to pytest (only to it, as a CI
+    runner does); returns (exit code, output, seconds until the stubs were gone, their pids)."""
+    pytester.makepyfile(test_inner=STUB_CONFIGS + body)
     token = f"interrupt-{os.getpid()}-{sig}-{time.time_ns()}"
     env = {**os.environ, **STUB_ENV, TOKEN_VAR: token}
     log = pytester.path / "inner.log"
-    process = popen_pytest(pytester.path, [*stub_args(pytester.path / "cache"), "--vllm-startup-timeout=120"], env,
-                           log)
+    process = popen_pytest(pytester.path, [*stub_args(pytester.path / "cache"), "--vllm-startup-timeout=120", *args],
+                           env, log)
+    files = [pytester.path / name for name in pid_files]
     pids: list[int] = []
     try:
-        pids_file = pytester.path / "hang.pids"
         deadline = time.monotonic() + 60
-        while not pids_file.exists() or not pids_file.read_text().strip():
+        while not all(path.exists() and path.read_text().strip() for path in files):
             assert process.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
-        pids = [int(pid) for pid in pids_file.read_text().split()]
+        pids = [int(pid) for path in files for pid in path.read_text().split()]
         FIGURES.saw(pids)
         time.sleep(0.5)  # well into the health polling
         sent = time.monotonic()
         process.send_signal(sig)
         gone = wait_gone(pids, 30)
         code = process.wait(30)
-        exited = time.monotonic() - sent
+        print(f"[reliability] {sig.name}: pytest exited {time.monotonic() - sent:.2f} s after the signal")
     finally:
         if process.poll() is None:
             process.kill()
         kill_quietly(pids + [p.pid for p in processes_with_token(token)])
-    output = log.read_text()
+    assert processes_with_token(token) == []
+    return code, log.read_text(), gone, pids
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupting_pytest_during_startup_stops_the_server(pytester: pytest.Pytester, sig: int) -> None:
+    body = '''
+@pytest.mark.parametrize("vllm_config", [HANG], ids=["hang"])
+def test_hangs(vllm_server):
+    pass
+'''
+    code, output, gone, _ = interrupt_inner(pytester, sig, body, ["hang.pids"])
     assert code == pytest.ExitCode.INTERRUPTED, output
     assert "KeyboardInterrupt" in output
-    assert processes_with_token(token) == []
     FIGURES.fault(f"{sig.name} to pytest during a server startup (stub)", gone)
-    print(f"[reliability] {sig.name}: pytest exited {exited:.2f} s after the signal")
+
+
+def test_sigterm_to_the_xdist_controller_stops_every_workers_server(pytester: pytest.Pytester) -> None:
+    """CI cancels the job: SIGTERM reaches the controller only, the workers' servers must still stop."""
+    body = '''
+@pytest.mark.parametrize("case", ["a", "b"])
+def test_hangs(case, vllm_start):
+    vllm_start(HANG.with_env(HANG_PIDS_FILE=os.path.abspath(f"{case}.pids")))
+'''
+    code, output, gone, pids = interrupt_inner(pytester, signal.SIGTERM, body, ["a.pids", "b.pids"], "-n", "2")
+    assert code == pytest.ExitCode.INTERRUPTED, output
+    assert len(pids) == 6
+    assert gone < 4  # forwarded to the workers at once, not left to execnet (interrupt after 5 s, kill after 10 s)
+    FIGURES.fault("SIGTERM to the xdist controller during two server startups (stub)", gone)
 
 
 def test_raise_or_pytest_exit_after_getting_a_server_leaves_no_process(pytester: pytest.Pytester) -> None:
@@ -443,22 +464,23 @@ def test_serves(vllm_server, vllm_load):
     result.assert_outcomes(passed=1)
     assert result.ret == pytest.ExitCode.OK
     output = assert_no_traceback(result)
-    errors = [line for line in output.splitlines() if "/proc/forbidden/x.json" in line and "error" in line]
-    assert errors == ["error: --vllm-results /proc/forbidden/x.json: could not write the file (No such file or "
-                      "directory); pass a path in a writable folder"]
+    lines = [line for line in output.splitlines() if "/proc/forbidden/x.json" in line]
+    assert lines == ["error: --vllm-results /proc/forbidden/x.json: could not write the file (No such file or "
+                     "directory); pass a path in a writable folder"]  # and not listed as written
     FIGURES.fault("results path cannot be written")
 
 
-@pytest.mark.xfail(strict=True, reason="report.py still lists 'results: PATH' under the summary for a file it could "
-                                       "not write (ReportWriter.terminal_summary); remove this mark once it does not")
-def test_unwritable_results_path_is_not_listed_as_written(pytester: pytest.Pytester) -> None:
+def test_unwritable_log_folder_is_one_message(pytester: pytest.Pytester) -> None:
     body = '''
 @pytest.mark.parametrize("vllm_config", [OK], ids=["ok"])
 def test_serves(vllm_server):
     pass
 '''
-    result, _ = inner(pytester, body, "--vllm-results=/proc/forbidden/x.json")
-    assert "results: /proc/forbidden/x.json" not in result.stdout.str()
+    result, _ = inner(pytester, body, "--vllm-log-dir=/proc/forbidden/logs")
+    result.assert_outcomes(errors=1)
+    output = assert_no_traceback(result)
+    assert "Cannot write the server log in /proc/forbidden/logs" in output and "--vllm-log-dir" in output
+    FIGURES.fault("server log folder cannot be written")
 
 
 def test_unknown_metric_in_tolerance_marker_is_a_usage_error_before_any_server(pytester: pytest.Pytester) -> None:
