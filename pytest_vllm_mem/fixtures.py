@@ -31,8 +31,10 @@ def record_for(request: pytest.FixtureRequest, server_or_error: VLLMServer | VLL
     config = server_or_error.config if is_server else getattr(server_or_error, "requested", server_or_error.config)
     launched = server_or_error.launched if is_server else server_or_error.config
     memory = server_or_error.memory if is_server else getattr(server_or_error, "memory", None)
+    server = server_or_error if is_server else getattr(server_or_error, "server", None)
     record = TestRecord(
         test_id=nodeid, config=str(config), launched=str(launched), tier=state.tier.name,
+        server_pid=server.pid if server is not None else None,
         tier_bytes=state.tier.bytes, device=state.device.name, backend=state.device.backend,
         vllm_version=(memory.vllm_version if memory and memory.vllm_version else state.parser_table.version),
         startup=server_or_error.startup.to_dict() if server_or_error.startup else {},

@@ -26,10 +26,12 @@ def measured_load(server: VLLMServer, **load_args) -> LoadResult:
     new_log = server.log_text()[log_offset:]
     failure = find_memory_error(new_log)
     if failure is None and not result.server_alive:
-        failure = classify_failure(new_log, server.process.poll())
-        if failure.kind not in ("cuda_oom", "host_memory"):
-            failure = Diagnosis(kind="crash", summary=f"the server died during the load: {failure.summary}",
-                                root_cause=failure.root_cause, figures=failure.figures)
+        code = server.process.poll()
+        died = classify_failure(new_log, code)
+        which = f"the API server exited with code {code}" if code is not None else "its engine process exited"
+        failure = died if died.kind in ("cuda_oom", "host_memory") else Diagnosis(
+            kind="crash", summary=f"the vLLM server died during the load: {which}",
+            root_cause=died.root_cause, figures=died.figures)
     if failure is not None:
         result.failure = failure
         result.advice = advise(failure, server.launched, server.memory, peak_bytes=result.peak_memory_bytes)

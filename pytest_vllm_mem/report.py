@@ -103,10 +103,14 @@ class ReportWriter:
         self.errors: list[str] = []
         self.written: dict[str, Path] = {}  # option -> file actually written, for the summary
 
-    def header(self) -> str:
+    def header(self, records: list[TestRecord] | None = None) -> str:
         state = self.state
         if state._device is None:
-            return "no server started"
+            if not records:
+                return "no server started"
+            # The pytest-xdist controller started no server: its workers' records say where they ran.
+            first = records[0]
+            return f"tier {first.tier}, {first.backend} device {first.device}, vLLM {first.vllm_version}"
         device = state.device
         return (f"tier {state.tier.name}, {device.backend} device {device.name} "
                 f"({format_bytes(device.total_bytes)}), vLLM {state.parser_table.version}")
@@ -139,7 +143,7 @@ class ReportWriter:
             self._write(settings.vllm_results, json.dumps(self.results_document(records), indent=2) + "\n",
                         "--vllm-results")
         markdown_dir = settings.vllm_markdown.parent if settings.vllm_markdown else None
-        markdown = markdown_table(records, self.header(), markdown_dir) if records else ""
+        markdown = markdown_table(records, self.header(records), markdown_dir) if records else ""
         if settings.vllm_markdown and records:
             self._write(settings.vllm_markdown, markdown, "--vllm-markdown")
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
@@ -150,17 +154,25 @@ class ReportWriter:
             except OSError as error:
                 self.errors.append(f"could not append to GITHUB_STEP_SUMMARY={summary}: {error}")
 
+    def environment(self, records: list[TestRecord]) -> dict[str, Any]:
+        """Tier, device and vLLM of this run: from the session, or (pytest-xdist controller) from its records."""
+        state = self.state
+        if state._device is not None:
+            return {"tier": state.tier.name, "device": state.device.name, "backend": state.device.backend,
+                    "vllm_version": state.parser_table.version if state._parser else None}
+        first = records[0] if records else None
+        return {"tier": first.tier if first else state.tier_text, "device": first.device if first else None,
+                "backend": first.backend if first else None, "vllm_version": first.vllm_version if first else None}
+
     def results_document(self, records: list[TestRecord]) -> dict[str, Any]:
         state = self.state
         return {
             "schema": 1,
             "created_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "host": platform.node(),
-            "tier": state.tier.name if state._device else state.tier_text,
-            "device": state.device.name if state._device else None,
-            "backend": state.device.backend if state._device else None,
-            "vllm_version": state.parser_table.version if state._parser else None,
-            "server_startups": state.pool.startups if state._pool else 0,
+            "header": self.header(records),
+            **self.environment(records),
+            "server_startups": len({(r.server_pid, r.startup.get("duration_s")) for r in records if r.server_pid}),
             "leaked_server_pids": getattr(state, "leaked", []),
             "tests": [record.to_dict() for record in records],
         }
@@ -181,7 +193,7 @@ class ReportWriter:
         if not records and not leaked and not self.errors:
             return
         terminal.section("vLLM memory and serving", sep="=")
-        terminal.line(self.header())
+        terminal.line(self.header(records))
         if records:
             rows = table_rows(records)
             lines = format_table([cells for cells, _ in rows])

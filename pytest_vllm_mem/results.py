@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ class TestRecord:
     device: str
     backend: str
     vllm_version: str | None
+    server_pid: int | None = None  # the server this test used (None when none was launched, e.g. a bad flag)
     startup: dict[str, Any] = field(default_factory=dict)  # StartupOutcome.to_dict()
     memory: dict[str, Any] = field(default_factory=dict)  # StartupMemory.to_dict()
     loads: list[dict[str, Any]] = field(default_factory=list)  # LoadResult.to_dict() per load
@@ -101,5 +103,4 @@ def failure_dict(diagnosis: "Diagnosis", advice: list[str], log_path: Path | Non
 
 
 def _single(record: TestRecord, load: dict[str, Any]) -> TestRecord:
-    return TestRecord(record.test_id, record.config, record.launched, record.tier, record.tier_bytes, record.device,
-                      record.backend, record.vllm_version, record.startup, record.memory, [load])
+    return dataclasses.replace(record, loads=[load], comparisons=[], timeline=None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import uuid
 from pathlib import Path
 
@@ -30,6 +31,46 @@ def processes_with_token(token: str) -> list[psutil.Process]:
     return found
 
 
+class SessionWatcher:
+    """Remembers the process sessions of the token's processes while the inner run goes on. vLLM renames its engine
+    and workers with setproctitle, which blanks their /proc/PID/environ: they carry no visible token, but they stay
+    in the session of the API server that started them (its own, from start_new_session)."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.sessions: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            for proc in processes_with_token(self.token):
+                try:
+                    self.sessions.add(os.getsid(proc.pid))
+                except OSError:
+                    continue
+
+    def __enter__(self) -> "SessionWatcher":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def leftovers(self) -> list[psutil.Process]:
+        ours = {proc.pid: proc for proc in processes_with_token(self.token)}
+        own_session = os.getsid(0)
+        for proc in psutil.process_iter(["pid"]):
+            try:
+                session = os.getsid(proc.pid)
+            except OSError:
+                continue
+            if session in self.sessions and session != own_session and proc.status() != psutil.STATUS_ZOMBIE:
+                ours[proc.pid] = proc
+        return list(ours.values())
+
+
 def run_inner(pytester: pytest.Pytester, *args: str, env: dict[str, str] | None = None,
               timeout: float = 900) -> tuple[pytest.RunResult, dict]:
     """Run the inner session; returns its result and its results JSON. Fails if a server of it is left."""
@@ -37,17 +78,18 @@ def run_inner(pytester: pytest.Pytester, *args: str, env: dict[str, str] | None 
     results = pytester.path / f"results-{token[:8]}.json"
     old = {key: os.environ.get(key) for key in (TOKEN_VAR, *(env or {}))}
     os.environ.update({TOKEN_VAR: token, **(env or {})})
+    watcher = SessionWatcher(token)
     try:
-        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--vllm-results={results}",
-                                               f"--vllm-cache-dir={CACHE_DIR}", *args,
-                                               timeout=timeout)
+        with watcher:
+            result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--vllm-results={results}",
+                                                   f"--vllm-cache-dir={CACHE_DIR}", *args, timeout=timeout)
     finally:
         for key, value in old.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    leftovers = processes_with_token(token)
+    leftovers = watcher.leftovers()
     for proc in leftovers:  # stop them (by pid) before failing, so one bug does not poison the rest of the suite
         proc.kill()
     assert not leftovers, f"vLLM processes outlived the pytest run: {[p.pid for p in leftovers]}"

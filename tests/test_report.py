@@ -190,8 +190,10 @@ def writer(tmp_path: Path) -> ReportWriter:
 
 
 def test_results_document_is_json(writer: ReportWriter) -> None:
-    records = [make_record(timeline={"server": object()}), make_record("t::y", baseline_status="compared",
-                                                                       comparisons=[comparison("ttft_p99", "ok", 1.0)])]
+    # Two servers (one each); startups are counted from the records, which is all a pytest-xdist controller has.
+    records = [make_record(timeline={"server": object()}, server_pid=101),
+               make_record("t::y", baseline_status="compared", server_pid=102,
+                           comparisons=[comparison("ttft_p99", "ok", 1.0)])]
     document = json.loads(json.dumps(writer.results_document(records)))
     assert document["schema"] == 1
     assert document["tier"] == "24gb" and document["device"] == "NVIDIA L4" and document["backend"] == "cuda"
