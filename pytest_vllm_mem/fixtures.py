@@ -28,10 +28,10 @@ def record_for(request: pytest.FixtureRequest, server_or_error: VLLMServer | VLL
     if nodeid in state.records:
         return state.records[nodeid]
     is_server = isinstance(server_or_error, VLLMServer)
-    config = server_or_error.config if is_server else getattr(server_or_error, "requested", server_or_error.config)
+    config = server_or_error.config if is_server else server_or_error.requested
     launched = server_or_error.launched if is_server else server_or_error.config
-    memory = server_or_error.memory if is_server else getattr(server_or_error, "memory", None)
-    server = server_or_error if is_server else getattr(server_or_error, "server", None)
+    memory = server_or_error.memory
+    server = server_or_error if is_server else server_or_error.server
     record = TestRecord(
         test_id=nodeid, config=str(config), launched=str(launched), tier=state.tier.name,
         server_pid=server.pid if server is not None else None,

@@ -56,13 +56,17 @@ class VLLMStartupError(Exception):
     """A vLLM server did not become healthy. `kind` says why (see diagnose.FAILURE_KINDS)."""
 
     def __init__(self, diagnosis: Diagnosis, config: VLLMConfig, log_path: Path | None,
-                 startup: StartupOutcome, advice: list[str] | None = None) -> None:
+                 startup: StartupOutcome, advice: list[str] | None = None, *,
+                 server: "VLLMServer | None" = None, memory: StartupMemory | None = None) -> None:
         self.diagnosis = diagnosis
         self.kind = diagnosis.kind
-        self.config = config
+        self.config = config  # the command that ran (after tier emulation and overrides)
+        self.requested = config  # the config the test asked for; the fixtures set it when they differ
         self.log_path = log_path
         self.startup = startup
         self.advice = list(advice or [])
+        self.server = server  # the stopped server, with its memory samples and log (None when none was launched)
+        self.memory = memory  # what vLLM logged before it failed
         super().__init__(self.render())
 
     def render(self) -> str:
@@ -374,9 +378,7 @@ def _launch_once(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSetti
     server.stop(settings.stop_grace_s)
     outcome = StartupOutcome(False, diagnosis.kind, duration, peak)
     advice = advise(diagnosis, memory, peak) if advise else []
-    error = VLLMStartupError(diagnosis, launched, log_path, outcome, advice)
-    error.server = server  # keeps the samples and log for reports
-    error.memory = memory
+    error = VLLMStartupError(diagnosis, launched, log_path, outcome, advice, server=server, memory=memory)
     raise error
 
 
