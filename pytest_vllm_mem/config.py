@@ -27,7 +27,7 @@ def _normalize_value(key: str, value: Any) -> FlagValue:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)):
-        # Fix: an empty list rendered as a bare `--flag`, which vLLM rejects ("expected at least one argument").
+        # An empty list rendered as a bare `--flag`, which vLLM rejects ("expected at least one argument").
         if not value:
             raise ConfigError(f"VLLMConfig flag {key}=[]: an empty list cannot become a vLLM command-line value; "
                               "pass at least one value, or None to omit the flag.")
@@ -47,7 +47,7 @@ def _normalize_value(key: str, value: Any) -> FlagValue:
 def is_secret_key(key: str) -> bool:
     """HF_TOKEN, OPENAI_API_KEY, NGROK_AUTHTOKEN, api_key, hf_token: a name part that ends with a secret word.
 
-    Fix: matched by name part, not substring, so TOKENIZERS_PARALLELISM and max_num_batched_tokens stay readable.
+    Matched by name part, not substring, so TOKENIZERS_PARALLELISM and max_num_batched_tokens stay readable.
     """
     parts = re.split(r"[^A-Za-z0-9]+", key.upper())
     return any(part.endswith(hint) for part in parts for hint in _SECRET_HINTS)
@@ -89,7 +89,7 @@ class VLLMConfig:
                 f"VLLMConfig model {model!r} is not usable: pass a model name or a local model folder as a "
                 "non-empty string, e.g. VLLMConfig('meta-llama/Llama-2-7b-chat-hf')."
             )
-        # Fix: compared by flag name, so spellings such as "--port" are refused too, not passed twice. (A
+        # Compared by flag name, so spellings such as "--port" are refused too, not passed twice. (A
         # plain model= keyword never reaches here: Python reports it as a second value for the model argument.)
         for key in flags:
             if flag_name(key) in ("--model", "--host", "--port"):
@@ -100,11 +100,11 @@ class VLLMConfig:
         normalized = {key.replace("-", "_"): _normalize_value(key, value) for key, value in flags.items()}
         env_items = {str(k): str(v) for k, v in (env or {}).items()}
         object.__setattr__(self, "model", model)
-        # Fix: flags keep the caller's order, so the command line reads as written (identity below is sorted).
+        # Flags keep the caller's order, so the command line reads as written (identity below is sorted).
         object.__setattr__(self, "flags", normalized)
         object.__setattr__(self, "env", dict(sorted(env_items.items())))
         # Identity is the command the server runs, in sorted flag order: omitted flags (False/None) do not count,
-        # 4096 and "4096" are the same server. Fix: comparing raw values made `x=1` equal `x=True` (1 == True in
+        # 4096 and "4096" are the same server. Comparing raw values made `x=1` equal `x=True` (1 == True in
         # Python) although one is `--x 1` and the other a bare `--x`.
         rendered = sorted((flag_name(k), _rendered(v)) for k, v in normalized.items() if v is not None and v is not False)
         key = (model, tuple(rendered), tuple(self.env.items()))
@@ -126,7 +126,7 @@ class VLLMConfig:
 
     def with_flags(self, **changes: Any) -> "VLLMConfig":
         """A copy with some flags changed (None removes one)."""
-        # Fix: normalize dashes as __init__ does, so with_flags(**{"max-model-len": None}) removes max_model_len.
+        # Normalize dashes as __init__ does, so with_flags(**{"max-model-len": None}) removes max_model_len.
         merged = {**self.flags, **{key.replace("-", "_"): value for key, value in changes.items()}}
         return VLLMConfig(self.model, env=self.env, **merged)
 
@@ -143,7 +143,7 @@ class VLLMConfig:
     def masked_flags(self) -> dict[str, FlagValue]:
         """Flags with secret values (api_key, hf_token) replaced by ***; a bare flag (True) shows nothing secret.
 
-        Fix: str()/repr()/short_id() end up in test ids, reports and committed baseline files; only env was masked.
+        Str()/repr()/short_id() end up in test ids, reports and committed baseline files; only env was masked.
         """
         return {k: (_MASK if is_secret_key(k) and v is not None and not isinstance(v, bool) else v)
                 for k, v in self.flags.items()}

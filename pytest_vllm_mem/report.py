@@ -46,7 +46,7 @@ def baseline_cell(record: TestRecord) -> tuple[str, str | None]:
 
 
 def _change(comparison: dict[str, Any]) -> str:
-    # Fix: change_pct is None against a baseline of 0 (a hand-edited file); formatting it crashed the summary.
+    # Change_pct is None against a baseline of 0 (a hand-edited file); formatting it crashed the summary.
     pct = comparison.get("change_pct")
     return f"{pct:+.1f}%" if pct is not None else "from 0"
 
@@ -72,7 +72,7 @@ def table_rows(records: list[TestRecord]) -> list[tuple[list[str], str | None]]:
 
 
 def format_table(rows: list[list[str]]) -> list[str]:
-    # Fix: max(x, *()) is max(x), a TypeError, so a table without rows crashed; max([...]) takes one or more.
+    # Max(x, *()) is max(x), a TypeError, so a table without rows crashed; max([...]) takes one or more.
     widths = [max([len(COLUMNS[i]), *(len(row[i]) for row in rows)]) for i in range(len(COLUMNS))]
     line = lambda cells: "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(cells)).rstrip()  # noqa: E731
     return [line(COLUMNS), line(["-" * w for w in widths])] + [line(row) for row in rows]

@@ -16,7 +16,7 @@ RECORD_PROPERTY = "vllm_mem_record"  # key in item.user_properties: survives pyt
 
 @dataclass
 class TestRecord:
-    __test__ = False  # Fix: not a test class; pytest warned "cannot collect test class" where it was imported
+    __test__ = False  # Not a test class; pytest warned "cannot collect test class" where it was imported
 
     test_id: str
     config: str  # the command line the test asked for

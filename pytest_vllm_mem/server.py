@@ -84,14 +84,14 @@ class VLLMStartupError(Exception):
 class ServerLaunchError(RuntimeError):
     """The server process could not be started at all (log folder not writable, interpreter not runnable).
 
-    Fix (reliability): these were bare OSErrors, shown as a traceback through the plugin."""
+    These were bare OSErrors, shown as a traceback through the plugin."""
 
 
 # Every server process group this interpreter started and has not stopped yet: the session-end sweep and the
 # SIGTERM handler stop what is left here, so no vLLM outlives pytest.
 _LIVE: dict[int, "VLLMServer"] = {}
 STARTING_STOP_GRACE_S = 5.0  # see VLLMServer.stop and _wait_for_exit
-# Fix (reliability): reentrant, because the SIGTERM handler (plugin.py) runs stop_all_servers on the main thread,
+# Reentrant, because the SIGTERM handler (plugin.py) runs stop_all_servers on the main thread,
 # possibly while that thread is inside `with _LIVE_LOCK` in launch() or stop(): a plain Lock deadlocked there.
 _LIVE_LOCK = threading.RLock()
 
@@ -134,7 +134,7 @@ class VLLMServer:
     def alive(self) -> bool:
         """The API server runs, and so do the engine processes it had when it became healthy.
 
-        Fix (reliability): vLLM's API server outlives a dead EngineCore by about a second, answering HTTP 500 to
+        VLLM's API server outlives a dead EngineCore by about a second, answering HTTP 500 to
         every request; a load that failed fast in that second saw an "alive" server, so the crash was not diagnosed,
         and a pool that checks alive() could hand the broken server to the next test.
         """
@@ -152,10 +152,10 @@ class VLLMServer:
     def stop(self, grace_s: float = 15.0) -> None:
         """Terminate the whole process group, then kill what is left after `grace_s`. Idempotent."""
         if self.startup is None:
-            # Fix (reliability): a server that never became healthy serves nothing; a stuck one should not hold
+            # A server that never became healthy serves nothing; a stuck one should not hold
             # Ctrl-C or a CI cancel for the whole grace period (see _wait_for_exit for the usual case).
             grace_s = min(grace_s, STARTING_STOP_GRACE_S)
-        # Fix (reliability): Process objects, not pids, taken before the first signal: psutil checks a process's
+        # Process objects, not pids, taken before the first signal: psutil checks a process's
         # identity before signalling it, so a pid reused by an unrelated process in the meantime is never killed.
         tree = _tree_processes(self.pid)
         _signal_group(self.pid, signal.SIGTERM)
@@ -179,7 +179,7 @@ class VLLMServer:
     def _wait_for_exit(self, tree: list[psutil.Process], grace_s: float) -> None:
         """Until the API server exits, or `grace_s`, or until the rest of its tree has exited.
 
-        Fix (reliability): vLLM 0.32's API server does not act on SIGTERM before it is healthy: its engine and
+        VLLM 0.32's API server does not act on SIGTERM before it is healthy: its engine and
         workers exit within ~2 s (freeing the device and their shared memory), the API server then waits for them
         forever, so every stop of a starting server (Ctrl-C, CI cancel, startup timeout) took the whole grace period
         (15 s; under xdist a worker has 5 s before the controller kills it and orphans the server). Once only the
@@ -211,7 +211,7 @@ def secret_values(config: VLLMConfig) -> list[str]:
 
 
 def mask_secrets(text: str, config: VLLMConfig) -> str:
-    """Fix (reliability): vLLM prints its arguments at startup ("non-default args: {... 'hf_token': '...'}"), and a
+    """VLLM prints its arguments at startup ("non-default args: {... 'hf_token': '...'}"), and a
     timeout or crash diagnosis quotes those lines: a secret flag reached the failure message and the results JSON."""
     for value in secret_values(config):
         text = text.replace(value, "***")
@@ -303,7 +303,7 @@ def _log_path(settings: LaunchSettings, config: VLLMConfig) -> Path:
     return path
 
 
-# Fix (reliability): free_port() closes its socket before vLLM binds the port (seconds later, after its imports);
+# Free_port() closes its socket before vLLM binds the port (seconds later, after its imports);
 # another process (a second pytest session, any outgoing connection) can take the port in between, and vLLM dies
 # with this error. That is no fault of the config: start again on a fresh port, a few times.
 _PORT_TAKEN = "Address already in use"

@@ -64,7 +64,7 @@ class UsageError(pytest.UsageError):
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("vllm-mem", "vLLM memory and serving regression tests (pytest-vllm-mem)")
     for option in OPTIONS:
-        # Fix: argparse %-formats option help, so the '15%' in --vllm-tolerance's help crashed `pytest --help`.
+        # Argparse %-formats option help, so the '15%' in --vllm-tolerance's help crashed `pytest --help`.
         cli_help = option.help.replace("%", "%%")
         if option.kind == "bool":
             group.addoption(option.flag, action="store_true", default=None, dest=option.name, help=cli_help)

@@ -83,7 +83,6 @@ class ServerPool:
         device = self.probe.device
         held = sum(used for _, used, _ in holders)
         free = device.total_bytes - self.probe.device_used_bytes()
-        names = ", ".join(f"pid {pid} ({name}) {format_bytes(used)}" for pid, used, name in holders)
         diagnosis = Diagnosis(
             kind="insufficient_free_memory",
             summary=(f"other processes still hold {format_bytes(held)} of {device.name} after waiting "

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from .config import VLLMConfig
 from .units import format_bytes
 
-# Fix: the unit is required and `g` is refused. A bare `24` or `24g` was read as GB, while torch and vLLM's logs
+# The unit is required and `g` is refused. A bare `24` or `24g` was read as GB, while torch and vLLM's logs
 # count GiB: the same reason units.parse_size refuses single letters. 24gb and 24gib differ by 7%.
 _TIER_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gb|gib)\s*$", re.IGNORECASE)
 GIB = 2**30
@@ -52,7 +52,7 @@ def parse_tier(text: str, *, source: str = "--vllm-gpu") -> Tier | None:
     number = float(match.group(1))
     unit = match.group(2).lower()
     size = round(number * (GIB if unit == "gib" else 10**9))
-    # Fix: the label is canonical (24.0gb, 024gb and "24 GB" are all 24gb): it keys baseline entries, so spellings
+    # The label is canonical (24.0gb, 024gb and "24 GB" are all 24gb): it keys baseline entries, so spellings
     # of one tier must not split them.
     label = f"{number:f}".rstrip("0").rstrip(".") + unit
     return Tier(label, size)

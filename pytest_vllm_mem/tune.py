@@ -13,7 +13,6 @@ memory) ends the search with that diagnosis instead of a wrong answer.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
