@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # ---- the trivial endpoint (child process) -------------------------------------------------------------------------
 
-def serve(itl_ms: float) -> None:
-    """Stream max_tokens one-token chunks itl_ms apart, a usage chunk and [DONE]; print the port."""
+def serve(itl_ms: float, ttft_ms: float = 0.0) -> None:
+    """After ttft_ms, stream max_tokens one-token chunks itl_ms apart, a usage chunk and [DONE]; print the port."""
     from aiohttp import web
 
     async def completions(request: web.Request) -> web.StreamResponse:
@@ -36,6 +36,8 @@ def serve(itl_ms: float) -> None:
         prompt_tokens = len(body["prompt"].split())
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
+        if ttft_ms:
+            await asyncio.sleep(ttft_ms / 1000)  # a known TTFT: both clients must measure it alike
         for n in range(tokens):
             if n and itl_ms:
                 await asyncio.sleep(itl_ms / 1000)  # separate network reads per token, as from a real server
@@ -95,7 +97,7 @@ def measure_run_load(base_url: str, args: argparse.Namespace) -> dict:
     return {"client": "pytest_vllm_mem.load.run_load", "requests": result.completed, "wall_s": wall,
             "req_per_s": result.request_throughput, "client_cpu_s": cpu,
             "client_cpu_ms_per_req": 1000 * cpu / result.completed, "ttft_p50_ms": result.ttft.p50,
-            "itl_p50_ms": result.itl.p50, "itl_mean_ms": result.itl.mean}
+            "tpot_p50_ms": result.tpot.p50, "itl_p50_ms": result.itl.p50, "itl_mean_ms": result.itl.mean}
 
 
 def measure_vllm_bench(base_url: str, args: argparse.Namespace) -> dict:
@@ -133,16 +135,23 @@ def measure_vllm_bench(base_url: str, args: argparse.Namespace) -> dict:
     cpu = cpu_seconds() - cpu
     completed = sum(output.success for output in outputs)
     assert completed == args.num_prompts, next(o.error for o in outputs if not o.success)
+    import numpy as np
+
+    ok = [output for output in outputs if output.success]
+    tpots = [(o.latency - o.ttft) / (o.output_tokens - 1) for o in ok if (o.output_tokens or 0) > 1]
     return {"client": "vllm bench serve request func", "requests": completed, "wall_s": wall,
-            "req_per_s": completed / wall, "client_cpu_s": cpu, "client_cpu_ms_per_req": 1000 * cpu / completed}
+            "req_per_s": completed / wall, "client_cpu_s": cpu, "client_cpu_ms_per_req": 1000 * cpu / completed,
+            "ttft_p50_ms": 1000 * float(np.median([o.ttft for o in ok])),
+            "tpot_p50_ms": 1000 * float(np.median(tpots)) if tpots else 0.0,
+            "itl_p50_ms": 1000 * float(np.median([gap for o in ok for gap in o.itl] or [0.0]))}
 
 
 def measure(num_prompts: int = 5000, concurrency: int = 64, max_tokens: int = 4, itl_ms: float = 1.0,
-            compare: bool = True, profile: str | None = None) -> list[dict]:
+            compare: bool = True, profile: str | None = None, ttft_ms: float = 0.0) -> list[dict]:
     """Start the fake endpoint, measure run_load (and with `compare` vllm bench's request function); one row each."""
     args = argparse.Namespace(num_prompts=num_prompts, concurrency=concurrency, max_tokens=max_tokens, itl_ms=itl_ms)
-    server = subprocess.Popen([sys.executable, __file__, "--serve", "--itl-ms", str(itl_ms)], stdout=subprocess.PIPE,
-                              text=True, start_new_session=True)
+    server = subprocess.Popen([sys.executable, __file__, "--serve", "--itl-ms", str(itl_ms), "--ttft-ms", str(ttft_ms)],
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         base_url = f"http://127.0.0.1:{int(server.stdout.readline())}"
         if compare:
@@ -177,13 +186,15 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--itl-ms", type=float, default=1.0,
                         help="gap between the fake's token chunks (0 = back to back, often one network read)")
+    parser.add_argument("--ttft-ms", type=float, default=0.0, help="delay before the fake's first token chunk")
     parser.add_argument("--compare", action="store_true", help="also measure vllm bench serve's request function")
     parser.add_argument("--profile", metavar="FILE", help="write a cProfile of the run_load measurement to FILE")
     args = parser.parse_args()
     if args.serve:
-        serve(args.itl_ms)
+        serve(args.itl_ms, args.ttft_ms)
         return
-    rows = measure(args.num_prompts, args.concurrency, args.max_tokens, args.itl_ms, args.compare, args.profile)
+    rows = measure(args.num_prompts, args.concurrency, args.max_tokens, args.itl_ms, args.compare, args.profile,
+                   args.ttft_ms)
     print(f"{args.num_prompts} streaming requests, max_tokens {args.max_tokens}, concurrency {args.concurrency}, "
           f"chunks {args.itl_ms:g} ms apart, {os.cpu_count()} CPUs, server in a separate process")
     for row in rows:

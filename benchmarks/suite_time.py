@@ -83,8 +83,10 @@ def compile_notes(log_dir: Path) -> list[dict[str, Any]]:
             if _COMPILE_LINE.search(line):
                 message = line.split("] ", 1)[-1]
                 lines.append(re.sub(r"/\S+/torch_compile_cache/\S+", "<cache>", message)[:200])
+        engine = [float(m.group(1)) for line in lines if (m := re.search(r"init engine .* took ([0-9.]+) s", line))]
         notes.append({"log": log.name, "cache_loaded": any("Directly load AOT" in line for line in lines),
-                      "lines": lines})
+                      "recompiled_after_load_failure": any("Compiling model again" in line for line in lines),
+                      "init_engine_s": engine[0] if engine else None, "lines": lines})
     return notes
 
 
@@ -119,7 +121,8 @@ def run_suite(suite: Path, cache_dir: Path, label: str, env: dict[str, str] | No
         "startups_s": startups_s, "loads_s": loads_s, "overhead_s": wall - startups_s - loads_s,
         "first_startup_s": startups[0]["duration_s"] if startups else None,
         "bad_flag_s": tests.get("test_bad_flag_fails_fast", {}).get("time_s"),
-        "compile": compile_notes(logs), "leaked_server_pids": data.get("leaked_server_pids"),
+        "compile": (notes := compile_notes(logs)), "leaked_server_pids": data.get("leaked_server_pids"),
+        "init_engine_s": [note["init_engine_s"] for note in notes],
         "pytest_tail": completed.stdout.splitlines()[-3:],
     }
 
@@ -134,6 +137,11 @@ def cold_cost_parts(scratch: Path) -> dict[str, float]:
     built = time.perf_counter()
     load_parser_table(scratch, sys.executable)
     return {"tiny_model_build_s": built - started, "flag_table_s": time.perf_counter() - built}
+
+
+def _mean(values: list[float | None]) -> float | None:
+    known = [value for value in values if value is not None]
+    return sum(known) / len(known) if known else None
 
 
 def measure(quick: bool, workdir: Path, variants: tuple[str, ...] = ("default",), log: Any = print) -> dict[str, Any]:
@@ -163,7 +171,8 @@ def measure(quick: bool, workdir: Path, variants: tuple[str, ...] = ("default",)
             "warm_over_cold_first_startup": (warm["first_startup_s"] / cold["first_startup_s"]
                                              if cold["first_startup_s"] and warm["first_startup_s"] else None),
             "mean_startup_cold_s": cold["startups_s"] / max(len(cold["startups"]), 1),
-            "mean_startup_warm_s": warm["startups_s"] / max(len(warm["startups"]), 1)}
+            "mean_startup_warm_s": warm["startups_s"] / max(len(warm["startups"]), 1),
+            "mean_init_engine_cold_s": _mean(cold["init_engine_s"]), "mean_init_engine_warm_s": _mean(warm["init_engine_s"])}
     return figures
 
 
