@@ -27,6 +27,14 @@ TABLE = ParserTable(
 )
 
 
+def fake_interpreter(folder: Path, body: str) -> Path:
+    """An executable standing in for --vllm-python: a shell script with `body`."""
+    script = folder / "python"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
+    return script
+
+
 def test_a_valid_config_has_no_problems() -> None:
     config = VLLMConfig("m", max_model_len=64, enforce_eager=True, dtype="bfloat16", max_num_seqs=None,
                         no_enforce_eager=False)
@@ -115,9 +123,7 @@ def test_a_broken_cache_is_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         "print(json.dumps({'version': '9.9', 'options': {'--x': {'takes_value': True, 'choices': None}},"
         " 'defaults': {}}))\n"
     )
-    script = tmp_path / "python"
-    script.write_text(f"#!/bin/sh\nexec {sys.executable} {fake}\n")
-    script.chmod(0o755)
+    script = fake_interpreter(tmp_path, f"exec {sys.executable} {fake}")
     cache_dir = tmp_path / "cache"
     table = load_parser_table(cache_dir, python=str(script))
     assert table.version == "9.9" and "--x" in table.options
@@ -127,16 +133,12 @@ def test_a_broken_cache_is_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 
 def test_an_interpreter_without_a_table_is_a_flag_check_error(tmp_path: Path) -> None:
-    script = tmp_path / "python"
-    script.write_text("#!/bin/sh\necho nothing useful\n")
-    script.chmod(0o755)
+    script = fake_interpreter(tmp_path, "echo nothing useful")
     with pytest.raises(FlagCheckError, match="printed no option table"):
         load_parser_table(tmp_path, python=str(script))
 
 
 def test_a_failing_interpreter_is_a_flag_check_error(tmp_path: Path) -> None:
-    script = tmp_path / "python"
-    script.write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named vllm' >&2\nexit 1\n")
-    script.chmod(0o755)
+    script = fake_interpreter(tmp_path, "echo 'ModuleNotFoundError: No module named vllm' >&2\nexit 1")
     with pytest.raises(FlagCheckError, match="No module named vllm"):
         load_parser_table(tmp_path, python=str(script))
