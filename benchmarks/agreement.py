@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import resource
 import statistics
@@ -43,18 +44,25 @@ AGREEMENT_TOLERANCE = 0.05
 
 @dataclass(frozen=True)
 class LoadSpec:
-    """The load both sides drive."""
+    """The load both sides drive.
 
-    num_prompts: int = 200
-    concurrency: int = 16
-    input_len: int = 128  # tokens per prompt as the server counts them (BOS included)
+    Sized for this 2-core machine: vLLM's CPU worker takes one core, and its EngineCore (which busy-polls the worker),
+    API server and the client share the other. At 16 concurrent 128-token prompts that core is oversubscribed and
+    the API server stalls for 0.3-3 s now and then (server-side TTFT stayed under 100 ms while clients saw 1-3 s):
+    run-to-run spread was 27-35%. 512-token prompts at 8 concurrent ask less of it (spread 10-20%), and a TTFT of
+    about 100 ms is mostly server work, so the few milliseconds each client spends around a request barely count.
+    """
+
+    num_prompts: int = 160
+    concurrency: int = 8
+    input_len: int = 512  # tokens per prompt as the server counts them (BOS included)
     output_len: int = 64
-    repeats: int = 10  # pairs: the shared machine stalls for a second or two now and then, hitting either side
-    together_rounds: int = 6  # both clients at once, each at half the concurrency
+    repeats: int = 10  # pairs, run back to back: the ratio within a pair cancels the machine's slow drifts
+    together_rounds: int = 4  # both clients at once, each at half the concurrency
 
     @classmethod
     def quick(cls) -> LoadSpec:
-        return cls(num_prompts=150, repeats=3, together_rounds=2)
+        return cls(num_prompts=120, repeats=4, together_rounds=2)
 
 
 # ---- server ---------------------------------------------------------------------------------------------------------
@@ -125,9 +133,12 @@ def calibrated_prompt_len(model_dir: str, target_tokens: int, num_prompts: int, 
         prompts = [prompt for seed in seeds for prompt in make_prompts(num_prompts, words, seed)]
         return statistics.fmean(len(ids) for ids in tokenizer(prompts)["input_ids"])
 
-    # About 1.2 tokens per word with the tiny model's tokenizer; search a window around that.
-    candidates = range(max(1, int(target_tokens * 0.6)), target_tokens + 1)
-    best = min(candidates, key=lambda words: abs(mean_tokens(words) - target_tokens))
+    # More words, more tokens (about 1.2 per word here): bisect for the first length at or above the target.
+    low, high = 1, target_tokens
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (middle + 1, high) if mean_tokens(middle) < target_tokens else (low, middle)
+    best = min((low - 1, low), key=lambda words: abs(mean_tokens(words) - target_tokens) if words else math.inf)
     return best, mean_tokens(best)
 
 

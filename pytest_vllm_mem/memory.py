@@ -63,6 +63,11 @@ class MemoryProbe(Protocol):
         """Used memory of the whole device."""
         ...
 
+    @property
+    def default_period_s(self) -> float:
+        """Sampling period that suits this probe (MemorySampler's default)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -159,6 +164,10 @@ class NvmlProbe:
     Until one of our pids has been seen in the driver's list, "none of our pids reported" means "fall back"; once
     seen, it means our processes have released the GPU, and the probe reports 0 in per-process mode.
     """
+
+    # NVML reports memory as it is when asked: a 100 ms peak needs samples closer than 100 ms.
+    default_period_s = 0.05
+    tracks_peaks = False
 
     def __init__(self, device_index: int = 0, nvml: ModuleType | Any | None = None) -> None:
         self._nvml = _import_nvml(nvml)
@@ -359,16 +368,54 @@ def _cpu_device() -> DeviceInfo:
     return DeviceInfo(backend="cpu", name=_cpu_model_name(), total_bytes=total, index=None)
 
 
+class _PeakRss:
+    """One Linux process's resident set through /proc, files kept open (re-read in place: one pread each).
+
+    read() returns the largest RSS the process reached since the previous read(): the kernel keeps that high-water
+    mark (VmHWM in /proc/PID/status, including memory already freed again) and writing "5" to /proc/PID/clear_refs
+    restarts it from the current RSS. Where clear_refs cannot be written (another user's process, a read-only /proc)
+    it returns the current RSS from /proc/PID/statm instead. The descriptors belong to this process, not to its
+    pid number: once it is reaped, reads fail with ProcessLookupError, never reading a reused pid.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self._status = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self._clear: int | None = os.open(f"/proc/{pid}/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            self._clear = None
+        self.tracks_peak = self._clear is not None
+
+    def read(self) -> int:
+        status = os.pread(self._status, 4096, 0)
+        field = b"VmHWM:" if self._clear is not None else b"VmRSS:"
+        start = status.find(field)
+        if start < 0:  # kernel threads and zombies have no memory lines
+            return 0
+        kib = int(status[start + len(field) : status.index(b"kB", start)])
+        if self._clear is not None:
+            os.write(self._clear, b"5")  # the next read starts from the RSS of now
+        return kib * 1024
+
+    def close(self) -> None:
+        for fd in (self._status, self._clear):
+            if fd is not None:
+                os.close(fd)
+
+
 class ProcessTreeProbe:
     """Host memory held by a process tree, for vLLM's CPU backend.
 
-    `metric="rss"` (default) sums resident set sizes from /proc/PID/statm: a few microseconds per process, so it can
-    run every 50 ms. It counts pages shared between the tree's processes (torch's libraries, mapped in all three
-    vLLM processes) once per process, so it overstates the tree by a roughly constant amount; peaks and deltas, which
-    the KV cache and activations dominate, are what it is for. `metric="pss"` / `"uss"` divide shared pages fairly /
-    count only private pages, reading /proc/PID/smaps_rollup: measured on a real vLLM CPU server tree, one RSS read
-    took 0.03 ms and one PSS read 93 ms (longer than the default 50 ms period), RSS 1.72 GiB vs PSS 1.34 GiB. Use
-    them for one-off readings, or sample with a period of a second or more.
+    `metric="rss"` (default) sums resident set sizes. On Linux each call reports, per process, the largest RSS it
+    reached since the previous call (the kernel's high-water mark, see _PeakRss), so a sampler catches a peak
+    however short it is and however long its period; `tracks_peaks` says so. That costs about 4 us per process
+    (files kept open). The sum of per-process peaks can exceed the tree's peak when two processes peak at different
+    moments of one period; in vLLM the KV cache and activations live in the worker, so one process dominates.
+    Elsewhere (macOS) it is the current RSS, through psutil. RSS counts pages shared between the tree's processes
+    (torch's libraries, mapped in all three vLLM processes) once per process, so it overstates the tree by a roughly
+    constant amount; peaks and deltas are what it is for. `metric="pss"` / `"uss"` divide shared pages fairly /
+    count only private pages, reading /proc/PID/smaps_rollup: measured on a real vLLM CPU server tree, one PSS read
+    took 93 ms, RSS 1.72 GiB vs PSS 1.34 GiB. Use them for one-off readings, or sample every second or more.
     """
 
     def __init__(self, device: DeviceInfo | None = None, metric: Literal["rss", "pss", "uss"] = "rss") -> None:
@@ -379,28 +426,45 @@ class ProcessTreeProbe:
             )
         self.device = device if device is not None else _cpu_device()
         self.metric = metric
+        self.tracks_peaks = metric == "rss" and sys.platform.startswith("linux")
+        self._peaks: dict[int, _PeakRss] = {}
         self._processes: dict[int, psutil.Process] = {}  # cached: psutil.Process() costs a /proc read to create
 
-    def _process(self, pid: int) -> psutil.Process:
+    @property
+    def default_period_s(self) -> float:
+        # Peaks are caught between samples, so samples only set the timeline's resolution: 4 a second are enough,
+        # and each wake-up of the sampler thread costs 0.1-0.5 ms of CPU on a small VM.
+        return 0.25 if self.tracks_peaks else 0.05
+
+    def _read(self, pid: int) -> int:
+        if self.tracks_peaks:
+            files = self._peaks.get(pid)
+            if files is None:
+                files = self._peaks[pid] = _PeakRss(pid)
+            return files.read()
         process = self._processes.get(pid)
         if process is None:
             process = self._processes[pid] = psutil.Process(pid)
-        return process
+        if self.metric == "rss":
+            return process.memory_info().rss
+        return getattr(process.memory_full_info(), self.metric)
 
     def used_bytes(self, pids: Collection[int]) -> int:
         total = 0
         for pid in pids:
             try:
-                process = self._process(pid)
-                if self.metric == "rss":
-                    total += process.memory_info().rss
-                else:
-                    total += getattr(process.memory_full_info(), self.metric)
-            except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-                self._processes.pop(pid, None)
-        for gone in set(self._processes) - set(pids):
-            del self._processes[gone]
+                total += self._read(pid)
+            except (OSError, ValueError, psutil.Error):  # exited: ESRCH, ENOENT, NoSuchProcess
+                self._forget(pid)
+        for gone in (set(self._peaks) | set(self._processes)) - set(pids):
+            self._forget(gone)
         return total
+
+    def _forget(self, pid: int) -> None:
+        self._processes.pop(pid, None)
+        files = self._peaks.pop(pid, None)
+        if files is not None:
+            files.close()
 
     def other_holders(self, exclude_pids: Collection[int]) -> list[tuple[int, int, str]]:
         return []  # host memory has no exclusive owner to wait for; vLLM checks the node's available memory itself
@@ -410,6 +474,8 @@ class ProcessTreeProbe:
         return total - available
 
     def close(self) -> None:
+        for pid in list(self._peaks):
+            self._forget(pid)
         self._processes.clear()
 
 
@@ -513,20 +579,29 @@ def wait_for_free_memory(
 class MemorySampler:
     """Background thread: every `period_s`, `probe.used_bytes(process_tree(root_pid))`; keeps (t_monotonic, bytes).
 
-    All samples are kept, in two flat arrays (16 bytes a sample: a 1-hour run at 50 ms is 72k samples, ~1.2 MB), so
-    peaks between any two markers stay exact; no downsampling. The pid set is cached and refreshed every
-    `tree_refresh_s` or as soon as one of its pids is gone: vLLM's tree is fixed after startup and walking /proc every
-    50 ms would cost more than the measurement. `cpu_time_s` is the CPU time the sampler thread has used so far.
-    The probe belongs to the caller: stop() does not close it.
+    `period_s` None takes the probe's `default_period_s`: 0.05 s for NVML, which sees only the moment it is asked;
+    0.25 s for a probe that `tracks_peaks` (each sample is then the peak since the previous one, so a 100 ms peak is
+    caught whatever the period, and placed in time to within one period). All samples are kept, in two flat arrays
+    (16 bytes a sample: a 1-hour run at 50 ms is 72k samples, ~1.2 MB), so peaks between any two markers stay exact.
+    The pid set is cached: finding a tree's processes means reading every process's parent on the machine (5 ms
+    right after a wake-up on a 2-core VM), while vLLM's tree only changes during startup. It is refreshed after
+    `tree_refresh_s`, then at doubling intervals up to `max_tree_refresh_s` while it stays the same, and again
+    after `tree_refresh_s` once it changed. A process that exits reads as 0 from then on. `cpu_time_s` is the CPU
+    time the sampler thread has used so far. The probe belongs to the caller: stop() does not close it.
     """
 
-    def __init__(self, probe: MemoryProbe, root_pid: int, period_s: float = 0.05, tree_refresh_s: float = 0.5) -> None:
+    def __init__(self, probe: MemoryProbe, root_pid: int, period_s: float | None = None, tree_refresh_s: float = 1.0,
+                 max_tree_refresh_s: float = 4.0) -> None:
+        if period_s is None:
+            period_s = getattr(probe, "default_period_s", 0.05)
         if not period_s > 0:
             raise ValueError(f"MemorySampler period_s {period_s!r} must be a positive number of seconds, e.g. 0.05.")
         self.probe = probe
         self.root_pid = root_pid
         self.period_s = period_s
         self.tree_refresh_s = tree_refresh_s
+        self.max_tree_refresh_s = max(tree_refresh_s, max_tree_refresh_s)
+        self._refresh_after = tree_refresh_s
         self._times = array("d")
         self._bytes = array("q")
         self._markers: list[tuple[str, float]] = []
@@ -583,12 +658,11 @@ class MemorySampler:
     # -- sampling --
 
     def _current_pids(self, now: float) -> set[int]:
-        stale = now - self._pids_at >= self.tree_refresh_s
-        if not stale:
-            stale = any(not psutil.pid_exists(pid) for pid in self._pids)
-        if stale:
-            self._pids = process_tree(self.root_pid)
-            self._pids_at = now
+        if now - self._pids_at >= self._refresh_after or not self._pids:
+            pids = process_tree(self.root_pid)
+            same = pids == self._pids
+            self._refresh_after = min(2 * self._refresh_after, self.max_tree_refresh_s) if same else self.tree_refresh_s
+            self._pids, self._pids_at = pids, now
         return self._pids
 
     def sample_now(self) -> int:

@@ -12,6 +12,7 @@ from .fixtures import (LoadFailed, startup_failure_key, vllm_config, vllm_load, 
                        vllm_start, vllm_tune)
 from .interrupts import restore_sigterm, stop_servers_on_sigterm
 from .gate import evaluate_record, marker_tolerances, tolerance_layers
+from .ordering import group_by_server_config
 from .report import ReportWriter
 from .results import RECORD_PROPERTY, TestRecord
 from .server import ServerLaunchError, VLLMServer, VLLMStartupError, stop_all_servers
@@ -71,6 +72,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # A typo in a vllm_tolerance marker was found only after the test's server had started
         # and its load had run, and failed that test with a traceback; now it is a usage error before any server.
         marker_tolerances(item)
+    if not config.stash[state_key].settings.vllm_keep_order:
+        items[:] = group_by_server_config(items)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

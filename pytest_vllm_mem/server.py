@@ -22,6 +22,7 @@ import psutil
 import requests
 
 from .advice import render_steps
+from .compile_cache import compile_cache_env, note_aot_load_failure
 from .config import VLLMConfig, is_secret_key
 from .diagnose import Diagnosis, StartupMemory, classify_failure, parse_startup_memory, timeout_diagnosis
 from .memory import DeviceInfo, MemoryProbe, MemorySampler
@@ -34,9 +35,10 @@ class LaunchSettings:
     python: str = sys.executable
     log_dir: Path = Path(".vllm-mem/logs")
     cache_root: Path | None = None  # VLLM_CACHE_ROOT kept across runs: warm torch.compile cache, faster startups
+    vllm_version: str | None = None  # of the server interpreter's vLLM: keys what is learnt about its compile cache
     startup_timeout_s: float = 600.0
     stop_grace_s: float = 15.0
-    sample_period_s: float = 0.05
+    sample_period_s: float | None = None  # None: the probe's default_period_s
     health_poll_s: float = 0.25
 
 
@@ -280,10 +282,9 @@ def free_port() -> int:
 
 
 def server_env(config: VLLMConfig, settings: LaunchSettings) -> dict[str, str]:
-    """The user's environment plus what the config sets; the cache root only when the user did not choose one."""
+    """The user's environment plus what the config sets; compile caches in the cache root unless the user chose."""
     env = dict(os.environ)
-    if settings.cache_root is not None and "VLLM_CACHE_ROOT" not in env and "VLLM_CACHE_ROOT" not in config.env:
-        env["VLLM_CACHE_ROOT"] = str(settings.cache_root)
+    env.update(compile_cache_env(settings.cache_root, settings.vllm_version, {**env, **config.env}))
     env.update(config.env)
     env["PYTHONUNBUFFERED"] = "1"
     return env
@@ -367,6 +368,7 @@ def _launch_once(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSetti
         raise
     sampler.sample_now()
     duration = time.monotonic() - started_at
+    note_aot_load_failure(settings.cache_root, settings.vllm_version, server.log_text())
     peak = sampler.peak_between(started_at)
     if diagnosis is None:
         server.startup = StartupOutcome(True, "started", duration, peak)

@@ -45,9 +45,12 @@ OPTIONS = [
     Option("vllm_strict", "also fail tests that improved beyond tolerance (baseline out of date)", False, kind="bool"),
     Option("vllm_require_baseline", "fail tests that have no baseline entry", False, kind="bool"),
     Option("vllm_startup_timeout", "seconds a server may take to become healthy", 600.0, kind="float"),
-    Option("vllm_sample_period", "memory sampling period in seconds", 0.05, kind="float"),
+    Option("vllm_sample_period", "memory sampling period in seconds (default: 0.05 on GPUs; 0.25 on CPU, where each "
+           "sample holds the peak since the previous one)", kind="float"),
     Option("vllm_max_servers", "servers kept running at once for reuse (1: stop one before starting the next)", 1,
            kind="int"),
+    Option("vllm_keep_order", "run tests in collection order; by default tests of the same vllm_config run one "
+           "after another, so each config's server starts once", False, kind="bool"),
     Option("vllm_gpus_per_worker", "GPUs each pytest-xdist worker takes (CUDA_VISIBLE_DEVICES), e.g. 2 for "
            "tensor_parallel_size=2 configs", 1, kind="int"),
     Option("vllm_cache_dir", "persistent folder for vLLM's compile cache, the tiny model and vLLM's flag table",
@@ -112,8 +115,9 @@ class Settings:
     vllm_strict: bool
     vllm_require_baseline: bool
     vllm_startup_timeout: float
-    vllm_sample_period: float
+    vllm_sample_period: float | None
     vllm_max_servers: int
+    vllm_keep_order: bool
     vllm_gpus_per_worker: int
     vllm_cache_dir: Path
     vllm_log_dir: Path

@@ -146,6 +146,7 @@ class SessionState:
             s = self.settings
             launch_settings = LaunchSettings(python=s.vllm_python, log_dir=s.vllm_log_dir,
                                              cache_root=s.vllm_cache_dir / "vllm",
+                                             vllm_version=self.parser_table.version,
                                              startup_timeout_s=s.vllm_startup_timeout,
                                              sample_period_s=s.vllm_sample_period)
             self._pool = ServerPool(launch_settings, self.probe, capacity=s.vllm_max_servers)
