@@ -142,11 +142,13 @@ def table(figures: dict[str, Any]) -> list[dict[str, Any]]:
     plugin_known, bench_known = known["pytest_vllm_mem.load.run_load"], known["vllm bench serve request func"]
     endpoint = figures["known_endpoint"]
     # A fake endpoint whose TTFT and token gap are known: what each client adds on top is its own measurement error.
+    # Agreeing within 5% is met; so is differing by adding less than vLLM's client to the known value.
     for key, label, truth in (("ttft_p50_ms", "TTFT", endpoint["ttft_ms"]), ("tpot_p50_ms", "TPOT", endpoint["itl_ms"])):
         plugin_added, bench_added = plugin_known[key] - truth, bench_known[key] - truth
-        row("1 agreement", f"{label} median minus the fake endpoint's own {truth:g} ms (plugin vs bench)",
-            f"+{plugin_added:.2f} vs +{bench_added:.2f} ms (ratio {plugin_known[key] / bench_known[key]:.3f})",
-            "plugin adds <= bench", plugin_added <= bench_added)
+        ratio = plugin_known[key] / bench_known[key]
+        row("1 agreement", f"{label} median on a fake endpoint with a known {truth:g} ms: plugin/bench, and what each "
+            "adds to it", f"{ratio:.3f} (+{plugin_added:.2f} vs +{bench_added:.2f} ms)",
+            "0.95-1.05, or plugin adds less", abs(ratio - 1) <= agreement.AGREEMENT_TOLERANCE or plugin_added < bench_added)
     row("1 agreement", "input tokens/request (server count)",
         f"{medians['plugin']['server_input_tokens_per_request']:.1f} vs "
         f"{medians['bench']['server_input_tokens_per_request']:.1f}", "same load", None)
