@@ -374,8 +374,9 @@ class _PeakRss:
     read() returns the largest RSS the process reached since the previous read(): the kernel keeps that high-water
     mark (VmHWM in /proc/PID/status, including memory already freed again) and writing "5" to /proc/PID/clear_refs
     restarts it from the current RSS. Where clear_refs cannot be written (another user's process, a read-only /proc)
-    it returns the current RSS from /proc/PID/statm instead. The descriptors belong to this process, not to its
-    pid number: once it is reaped, reads fail with ProcessLookupError, never reading a reused pid.
+    it returns the current RSS (VmRSS) instead, and a peak between two reads can be missed. The descriptors belong
+    to this process, not to its pid number: once it is reaped, reads fail with ProcessLookupError, never reading a
+    reused pid.
     """
 
     def __init__(self, pid: int) -> None:
@@ -384,7 +385,6 @@ class _PeakRss:
             self._clear: int | None = os.open(f"/proc/{pid}/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
         except OSError:
             self._clear = None
-        self.tracks_peak = self._clear is not None
 
     def read(self) -> int:
         status = os.pread(self._status, 4096, 0)
