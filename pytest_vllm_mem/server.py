@@ -368,15 +368,16 @@ def _launch_once(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSetti
         raise
     sampler.sample_now()
     duration = time.monotonic() - started_at
-    note_aot_load_failure(settings.cache_root, settings.vllm_version, server.log_text())
+    startup_log = server.log_text()
+    note_aot_load_failure(settings.cache_root, settings.vllm_version, startup_log)
+    memory = parse_startup_memory(startup_log)
     peak = sampler.peak_between(started_at)
     if diagnosis is None:
         server.startup = StartupOutcome(True, "started", duration, peak)
-        server.memory = parse_startup_memory(server.log_text())
+        server.memory = memory
         server.engine_processes = _engine_processes(process.pid)
         sampler.mark("healthy")
         return server
-    memory = parse_startup_memory(server.log_text())
     server.stop(settings.stop_grace_s)
     outcome = StartupOutcome(False, diagnosis.kind, duration, peak)
     advice = advise(diagnosis, memory, peak) if advise else []
