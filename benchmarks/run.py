@@ -36,6 +36,9 @@ import suite_time  # noqa: E402
 REQ_PER_S_TARGET = 500
 # "Close to the sum of startups plus loads": what pytest, stopping servers and the plugin add on top.
 SUITE_WALL_FACTOR = 1.15
+# The three figures target 1 compares, with their labels in the table.
+AGREEMENT_METRICS = (("output_throughput", "output throughput"), ("ttft_p50_ms", "TTFT median"),
+                     ("tpot_p50_ms", "TPOT median"))
 
 
 def machine_info() -> dict[str, Any]:
@@ -118,8 +121,7 @@ def table(figures: dict[str, Any]) -> list[dict[str, Any]]:
 
     agree = figures["agreement"]
     ratios, medians = agree["ratios_plugin_over_bench"], agree["medians"]
-    for key, label in (("output_throughput", "output throughput"), ("ttft_p50_ms", "TTFT median"),
-                       ("tpot_p50_ms", "TPOT median")):
+    for key, label in AGREEMENT_METRICS:
         # Headline: the median over pairs of (plugin run / bench run, back to back). Each pair shares the machine's
         # state of the moment; the ratio of the two sides' medians over the whole session does not.
         pairs, paired = agree["paired_ratios"][key], agree["median_paired_ratio"][key]
@@ -132,8 +134,7 @@ def table(figures: dict[str, Any]) -> list[dict[str, Any]]:
         f"throughput {100 * spread['output_throughput']:.0f}%, TTFT {100 * spread['ttft_p50_ms']:.0f}%, "
         f"TPOT {100 * spread['tpot_p50_ms']:.0f}%", "<< 5% to resolve 5%", None)
     together = agree["simultaneous"]
-    for key, label in (("output_throughput", "output throughput"), ("ttft_p50_ms", "TTFT median"),
-                       ("tpot_p50_ms", "TPOT median")):
+    for key, label in AGREEMENT_METRICS:
         ratio = together["ratios_plugin_over_bench"][key]
         row("1 agreement", f"{label} plugin/bench, both at once (c={together['concurrency_each']} each)",
             f"{ratio:.3f} ({together['medians']['plugin'][key]:.1f} vs {together['medians']['bench'][key]:.1f})",

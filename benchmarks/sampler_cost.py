@@ -4,10 +4,11 @@ Cost: a fresh MemorySampler (default period, ProcessTreeProbe: RSS of the proces
 tree for a fixed time; its thread's own CPU time (`cpu_time_s`, from time.thread_time) over the wall time is the share
 of one core. On Linux the probe reports each process's RSS high-water mark since the previous sample, so its default
 period is 0.25 s; for comparison the same is measured at 0.05 s (the period a probe without peak tracking needs),
-and the CPU time of a C-like floor: a thread that only sleeps for the period (on this VM, waking a thread costs
-0.1-0.4 ms of CPU, whatever it then does). Peak: a child process allocates and touches 300 MB, holds it 100 ms, frees it, repeated with random
-gaps so the peak falls at every phase of the sampling period; a trial is caught when a sample inside the peak shows
-at least 90% of the allocation above the level before it.
+and the CPU time of a floor: a thread that only sleeps for the period (on this VM, waking a thread costs 0.1-0.4 ms
+of CPU, whatever it then does). Peak: a child process allocates and touches 300 MB, holds it 100 ms, frees it,
+repeated with random gaps so the peak falls at every phase of the sampling period; a trial is caught when a sample
+inside the peak (or, for a peak-tracking probe, the first one after it) shows at least 90% of the allocation above
+the level before it.
 
     python benchmarks/sampler_cost.py [--quick] [--pid PID] [--json out.json]   (no --pid: starts a tiny server)
 """

@@ -27,6 +27,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pytest_vllm_mem.compile_cache import AOT_LOAD_FAILURE  # noqa: E402
+
 BAD_FLAG_LIMIT_S = 1.0  # a misspelled flag must fail faster than this (a startup takes 30-60 s here)
 
 # Environments the suite runs under, each with its own cache dir (cold, then warm). "default" is the plugin as is:
@@ -84,7 +86,7 @@ def compile_notes(log_dir: Path) -> list[dict[str, Any]]:
                 lines.append(re.sub(r"/\S+/torch_compile_cache/\S+", "<cache>", message)[:200])
         engine = [float(m.group(1)) for line in lines if (m := re.search(r"init engine .* took ([0-9.]+) s", line))]
         notes.append({"log": log.name, "aot_cache_loaded": any("Directly load AOT" in line for line in lines),
-                      "recompiled_after_load_failure": any("Compiling model again" in line for line in lines),
+                      "recompiled_after_load_failure": any(AOT_LOAD_FAILURE in line for line in lines),
                       "init_engine_s": engine[0] if engine else None, "lines": lines})
     return notes
 
