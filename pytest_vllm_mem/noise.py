@@ -1,0 +1,158 @@
+"""A noise-scaled decision for the metrics that wobble from run to run (throughput, latency).
+
+Compare medians, and let the noise the runs themselves show widen the band: a change fails when it exceeds
+max(floor, k x its standard error), where the floor is the metric's tolerance and the standard error comes from a
+robust spread (MAD) pooled over the baseline's runs and this run's repeats, plus, where given, the spread of earlier
+sessions' medians (the part of the noise that repeats within one session cannot see: a whole run on a fast or a
+slow moment of a shared machine).
+
+Why not a rank test: with 3 runs against 3 the smallest two-sided Mann-Whitney p is 0.1, so no test on so few runs
+can be both strict and sensitive. A threshold scaled by the observed noise says what the runs can show, and
+`Decision.detectable` states it: the smallest worsening that this many runs catch nearly every time (95%).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# MAD x 1.4826 estimates a normal distribution's standard deviation.
+_MAD_TO_SD = 1.4826
+# Variance of the median of n normal draws relative to that of one draw (n = 1, 2: the mean; large n: pi/2n).
+_MEDIAN_VARIANCE = {1: 1.0, 2: 1.0, 3: 1.35, 4: 1.19, 5: 1.44, 6: 1.29}
+# One-sided 95% normal quantile: a true change of threshold + 1.645 standard errors is caught 95% of the time.
+_Z_POWER = 1.645
+
+DEFAULT_K = 3.0  # standard errors a change must exceed; with the floor, keeps a healthy run from failing
+
+
+class NoiseError(ValueError):
+    """The inputs of a decision cannot be judged (no values, a zero or non-finite median)."""
+
+
+def median(values: Sequence[float]) -> float:
+    items = sorted(float(v) for v in values)
+    if not items:
+        raise NoiseError("median of no values")
+    middle = len(items) // 2
+    return items[middle] if len(items) % 2 else (items[middle - 1] + items[middle]) / 2
+
+
+def relative_deviations(values: Sequence[float]) -> list[float]:
+    """Each value's distance from the group's median, as a fraction of that median. An odd group's median is one of
+    its values, and its own zero deviation carries no information, so one zero is dropped."""
+    if len(values) < 2:
+        return []
+    center = median(values)
+    if center == 0 or not math.isfinite(center):
+        raise NoiseError(f"relative spread of values with median {center!r}")
+    deviations = [abs(float(v) - center) / abs(center) for v in values]
+    if len(values) % 2:
+        deviations.remove(min(deviations))
+    return deviations
+
+
+def pooled_spread(*groups: Sequence[float]) -> float | None:
+    """A robust relative standard deviation of one run (1.4826 x the median absolute deviation), each group around
+    its own median so that a shift between groups does not count as noise. None when no group has two values."""
+    deviations = [d for group in groups for d in relative_deviations(group)]
+    if not deviations:
+        return None
+    return _MAD_TO_SD * median(deviations)
+
+
+def median_variance_factor(n: int) -> float:
+    """Var(median of n) / Var(one value), for normal noise."""
+    if n < 1:
+        raise NoiseError(f"median of {n} values")
+    return _MEDIAN_VARIANCE.get(n, math.pi / 2)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the runs show about one metric. Fractions, not percent: change -0.18 is 18% lower than the baseline."""
+
+    change: float  # (median now - median baseline) / |median baseline|
+    worse_by: float  # the change in the metric's worse direction: positive is a worsening
+    stderr: float | None  # standard error of `change`; None when no spread is known (single runs, no history)
+    threshold: float  # a worsening (or, mirrored, an improvement) beyond this is real: max(floor, k x stderr)
+    floor: float  # the tolerance: the smallest change that can fail, however quiet the runs
+    k: float
+    detectable: float  # a true worsening this large is caught 95% of the time (threshold + 1.645 x stderr)
+    n_baseline: int
+    n_now: int
+    n_history: int  # earlier sessions whose medians widened the noise
+    status: str  # "ok", "regressed", "improved"
+
+    @property
+    def noise_limited(self) -> bool:
+        """True when the noise, not the tolerance, set the threshold."""
+        return self.threshold > self.floor
+
+    def summary(self) -> str:
+        """`-18.0% +- 6.1%, 4 runs vs 5` (this run's repeats vs the baseline's runs)."""
+        return f"{self.change * 100:+.1f}%{self.spread_text()}"
+
+    def spread_text(self) -> str:
+        """` +- 6.1%, 4 runs vs 5`: what follows the change in a message (the standard error, then the counts)."""
+        spread = f" +- {self.stderr * 100:.1f}%" if self.stderr is not None else ""
+        runs = f"{self.n_now} run{'' if self.n_now == 1 else 's'} vs {self.n_baseline}"
+        history = f", {self.n_history} earlier sessions" if self.n_history else ""
+        return f"{spread}, {runs}{history}"
+
+    def limit_text(self) -> str:
+        """What set the limit and what the runs can show: `limit 18.3% (3 x 6.1%), catches 28% or more`."""
+        if self.stderr is None:
+            return f"limit {self.floor * 100:.3g}% (the tolerance; no repeats show the noise)"
+        if self.noise_limited:
+            why = f"limit {self.threshold * 100:.3g}% ({self.k:g} x {self.stderr * 100:.1f}%, above the tolerance)"
+        else:
+            why = f"limit {self.threshold * 100:.3g}% (the tolerance; {self.k:g} x noise is {self.k * self.stderr * 100:.1f}%)"
+        return f"{why}, catches {self.detectable * 100:.3g}% or more"
+
+    def detail(self) -> str:
+        """`-18.0% +- 6.1%, 4 runs vs 5; limit 18.3% (3 x 6.1%, above the tolerance), catches 28% or more`."""
+        return f"{self.summary()}; {self.limit_text()}"
+
+
+def decide(baseline: Sequence[float], now: Sequence[float], *, higher_is_better: bool, floor: float,
+           k: float = DEFAULT_K, history: Sequence[float] = ()) -> Decision:
+    """Judge `now` (this run's repeats) against `baseline` (the baseline's runs). `floor` is the tolerance as a
+    fraction of the baseline median; `history` holds medians of earlier sessions of the same test, if kept."""
+    if len(baseline) == 0 or len(now) == 0:
+        raise NoiseError(f"a decision needs values on both sides, got {len(baseline)} baseline and {len(now)} now")
+    if not (math.isfinite(floor) and floor >= 0) or not (math.isfinite(k) and k >= 0):
+        raise NoiseError(f"floor and k must be finite and not negative, got floor={floor!r}, k={k!r}")
+    values = [float(v) for v in (*baseline, *now, *history)]
+    if not all(math.isfinite(v) for v in values):
+        raise NoiseError("values must be finite")
+    base_median, now_median = median(baseline), median(now)
+    if base_median == 0:
+        raise NoiseError("a relative change from a baseline median of 0")
+    change = (now_median - base_median) / abs(base_median)
+    worse_by = -change if higher_is_better else change
+    within = pooled_spread(baseline, now)
+    variance = 0.0
+    if within is not None:
+        variance += within**2 * (median_variance_factor(len(baseline)) / len(baseline)
+                                 + median_variance_factor(len(now)) / len(now))
+    # Earlier sessions' medians vary by between-session noise (plus their own within-session part): two sessions'
+    # medians differ by sqrt(2) of that.
+    between = pooled_spread(history) if len(history) >= 3 else None
+    if between is not None:
+        variance += 2 * between**2
+    stderr = math.sqrt(variance) if (within is not None or between is not None) else None
+    threshold = max(floor, k * stderr) if stderr is not None else floor
+    # A hair of slack so a change of exactly the tolerance passes despite float rounding.
+    limit = threshold * (1 + 1e-9) + 1e-12
+    if worse_by > limit:
+        status = "regressed"
+    elif -worse_by > limit:
+        status = "improved"
+    else:
+        status = "ok"
+    detectable = threshold + _Z_POWER * stderr if stderr is not None else threshold
+    return Decision(change=change, worse_by=worse_by, stderr=stderr, threshold=threshold, floor=floor, k=k,
+                    detectable=detectable, n_baseline=len(baseline), n_now=len(now),
+                    n_history=len(history) if between is not None else 0, status=status)

@@ -1,0 +1,146 @@
+"""The noise-scaled decision: robust spread, threshold, direction, what it says, and how often it is wrong."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pytest_vllm_mem.noise import (Decision, NoiseError, decide, median, median_variance_factor, pooled_spread,
+                                   relative_deviations)
+
+
+def test_median_of_odd_and_even_groups() -> None:
+    assert median([3.0, 1.0, 2.0]) == 2.0
+    assert median([4.0, 1.0, 3.0, 2.0]) == 2.5
+    with pytest.raises(NoiseError):
+        median([])
+
+
+def test_odd_group_drops_the_medians_own_zero_deviation() -> None:
+    assert relative_deviations([90.0, 100.0, 120.0]) == pytest.approx([0.1, 0.2])
+    assert relative_deviations([90.0, 110.0]) == pytest.approx([0.1, 0.1])
+    assert relative_deviations([100.0]) == []
+
+
+def test_pooled_spread_ignores_a_shift_between_groups() -> None:
+    quiet = pooled_spread([100.0, 101.0, 99.0], [50.0, 50.5, 49.5])  # halved, but each group is within 1%
+    assert quiet == pytest.approx(1.4826 * 0.01)
+    assert pooled_spread([100.0], [120.0]) is None
+
+
+def test_one_slow_run_does_not_blow_up_the_spread() -> None:
+    # Five quiet runs and one stall: the MAD barely moves, a standard deviation would triple.
+    runs = [1000.0, 1010.0, 990.0, 1005.0, 995.0, 400.0]
+    assert pooled_spread(runs) < 0.02
+    assert np.std(runs) / np.median(runs) > 0.2
+
+
+def test_median_variance_factor() -> None:
+    assert median_variance_factor(1) == 1.0
+    assert median_variance_factor(3) == pytest.approx(1.35)
+    assert median_variance_factor(50) == pytest.approx(math.pi / 2)
+    with pytest.raises(NoiseError):
+        median_variance_factor(0)
+
+
+def test_quiet_runs_fail_on_a_change_beyond_the_floor() -> None:
+    d = decide([1000.0, 1005.0, 995.0], [870.0, 875.0, 865.0], higher_is_better=True, floor=0.10)
+    assert d.status == "regressed"
+    assert d.change == pytest.approx(-0.13)
+    assert not d.noise_limited and d.threshold == 0.10
+
+
+def test_noisy_runs_widen_the_threshold() -> None:
+    # Runs that scatter +-15% cannot show a 20% drop.
+    base, now = [1000.0, 1150.0, 850.0], [800.0, 950.0, 650.0]
+    d = decide(base, now, higher_is_better=True, floor=0.10)
+    assert d.status == "ok"
+    assert d.noise_limited and d.threshold > 0.20
+    assert d.stderr is not None and d.threshold == pytest.approx(3 * d.stderr)
+    # The same drop on quiet runs fails.
+    assert decide([1000.0, 1010.0, 990.0], [800.0, 810.0, 790.0], higher_is_better=True, floor=0.10).status \
+        == "regressed"
+
+
+def test_direction_for_latency_and_mirrored_improvement() -> None:
+    slower = decide([100.0, 101.0, 99.0], [130.0, 131.0, 129.0], higher_is_better=False, floor=0.20)
+    assert slower.status == "regressed" and slower.worse_by == pytest.approx(0.30)
+    faster = decide([100.0, 101.0, 99.0], [70.0, 71.0, 69.0], higher_is_better=False, floor=0.20)
+    assert faster.status == "improved" and faster.worse_by == pytest.approx(-0.30)
+    assert decide([100.0], [85.0], higher_is_better=True, floor=0.20).status == "ok"
+
+
+def test_a_change_of_exactly_the_floor_passes() -> None:
+    assert decide([1000.0], [900.0], higher_is_better=True, floor=0.10).status == "ok"
+    assert decide([1000.0], [899.0], higher_is_better=True, floor=0.10).status == "regressed"
+
+
+def test_single_runs_fall_back_to_the_floor_and_say_so() -> None:
+    d = decide([1000.0], [820.0], higher_is_better=True, floor=0.15)
+    assert d.stderr is None and d.threshold == 0.15 and d.status == "regressed"
+    assert d.summary() == "-18.0%, 1 run vs 1"
+    assert "no repeats" in d.detail() and "catches" not in d.detail()
+
+
+def test_history_of_earlier_sessions_widens_the_noise() -> None:
+    base, now = [1000.0, 1002.0, 998.0], [850.0, 852.0, 848.0]
+    alone = decide(base, now, higher_is_better=True, floor=0.10)
+    assert alone.status == "regressed"
+    # Earlier sessions' medians moved +-20% from session to session: a 15% shift is within that.
+    history = [1000.0, 1200.0, 800.0, 1100.0, 900.0]
+    widened = decide(base, now, higher_is_better=True, floor=0.10, history=history)
+    assert widened.status == "ok" and widened.n_history == 5
+    assert widened.stderr is not None and alone.stderr is not None and widened.stderr > 5 * alone.stderr
+    assert "5 earlier sessions" in widened.summary()
+    # Fewer than three earlier sessions cannot show a spread and are not counted.
+    assert decide(base, now, higher_is_better=True, floor=0.10, history=[1000.0, 700.0]).n_history == 0
+
+
+def test_summary_and_detail_carry_the_statistics() -> None:
+    d = decide([1000.0, 1060.0, 940.0, 1000.0, 1030.0], [820.0, 860.0, 780.0, 800.0],
+               higher_is_better=True, floor=0.10)
+    summary = d.summary()
+    assert summary.startswith("-19.0% +- ") and summary.endswith("%, 4 runs vs 5")
+    assert d.detail().startswith(summary + "; limit ")
+    assert "% or more" in d.detail()
+    assert d.detectable > d.threshold
+
+
+@pytest.mark.parametrize("bad", [
+    {"baseline": [], "now": [1.0]},
+    {"baseline": [0.0], "now": [1.0]},
+    {"baseline": [1.0], "now": [math.nan]},
+    {"baseline": [1.0], "now": [1.0], "floor": -0.1},
+    {"baseline": [1.0], "now": [1.0], "k": math.inf},
+])
+def test_inputs_that_cannot_be_judged(bad: dict) -> None:
+    args = {"higher_is_better": True, "floor": 0.1, **bad}
+    with pytest.raises(NoiseError):
+        decide(**args)
+
+
+def _rates(n: int, sd: float, true_change: float, floor: float, trials: int = 2000) -> tuple[float, float]:
+    """(failure rate, median threshold) of `trials` simulated n-vs-n comparisons with normal noise `sd`."""
+    rng = np.random.default_rng(15)
+    failed, thresholds = 0, []
+    for _ in range(trials):
+        base = 1000 * (1 + sd * rng.standard_normal(n))
+        now = 1000 * (1 + true_change) * (1 + sd * rng.standard_normal(n))
+        d: Decision = decide(list(base), list(now), higher_is_better=True, floor=floor)
+        failed += d.status == "regressed"
+        thresholds.append(d.threshold)
+    return failed / trials, float(np.median(thresholds))
+
+
+def test_simulated_noise_false_failures_are_rare_and_large_changes_are_caught() -> None:
+    # No floor at all: the noise scaling alone keeps false failures of 3 vs 3 runs under 3%.
+    false_rate, threshold = _rates(3, 0.05, 0.0, floor=0.0)
+    assert false_rate < 0.03
+    # The threshold tracks the noise: about 3 standard errors of a difference of two medians of 3.
+    assert threshold == pytest.approx(3 * 0.05 * math.sqrt(2 * 1.35 / 3), rel=0.25)
+    caught, _ = _rates(3, 0.05, -0.30, floor=0.10)
+    assert caught > 0.93
+    # More repeats buy sensitivity: a 15% drop in 5%-noise is caught more often with 5 runs than with 3.
+    assert _rates(5, 0.05, -0.15, floor=0.10)[0] > _rates(3, 0.05, -0.15, floor=0.10)[0]
