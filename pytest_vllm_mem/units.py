@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 import re
 
+GIB = 2**30  # the one binary gigabyte of the package: vLLM's logs, torch and NVML-derived figures count in it
+
 SIZE_UNITS: dict[str, int] = {
     "b": 1,
     "kb": 10**3,
@@ -17,7 +19,7 @@ SIZE_UNITS: dict[str, int] = {
     "tb": 10**12,
     "kib": 2**10,
     "mib": 2**20,
-    "gib": 2**30,
+    "gib": GIB,
     "tib": 2**40,
 }
 DURATION_UNITS_MS: dict[str, float] = {"us": 1e-3, "µs": 1e-3, "ms": 1.0, "s": 1000.0}

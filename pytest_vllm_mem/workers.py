@@ -10,6 +10,8 @@ import os
 import re
 from typing import Any, MutableMapping
 
+from .memory.nvml import device_count
+
 
 class WorkerDeviceError(ValueError):
     """More xdist workers than GPUs to give them."""
@@ -17,19 +19,7 @@ class WorkerDeviceError(ValueError):
 
 def nvml_device_count(nvml: Any | None = None) -> int:
     """GPUs NVML sees (0 without a driver, i.e. on the CPU backend)."""
-    try:
-        if nvml is None:
-            import pynvml as nvml  # noqa: PLC0415 - only on xdist workers
-        nvml.nvmlInit()
-    except Exception:  # no library, no driver: a CPU host
-        return 0
-    try:
-        return int(nvml.nvmlDeviceGetCount())
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except Exception:
-            pass
+    return device_count(nvml)
 
 
 def worker_devices(worker_id: str, gpu_count: int, per_worker: int) -> list[int]:

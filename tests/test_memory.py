@@ -1,4 +1,5 @@
-"""Tests for pytest_vllm_mem.memory: NVML probe on a fake NVML, process-tree probe and sampler on real child processes."""
+"""Tests for pytest_vllm_mem.memory: NVML probe and device resolution on a fake NVML that behaves like pynvml
+(tests/fake_nvml.py), process-tree probe and sampler on real child processes."""
 
 from __future__ import annotations
 
@@ -8,214 +9,405 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import psutil
 import pytest
 
+from fake_nvml import (NVML_ERROR_GPU_IS_LOST, NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_NOT_FOUND, NVMLError,
+                       FakeGpu, FakeMig, FakeNvml, gpu_uuid, gpus, mig_uuid)
 from pytest_vllm_mem.memory import (
+    DeviceError,
     DeviceInfo,
     MemoryProbe,
     MemorySampler,
+    NvmlError,
     NvmlProbe,
+    ProbeReadError,
     ProcessTreeProbe,
     cpu_node_memory,
     detect_device,
+    detect_devices,
+    device_count,
+    gpus_used,
     make_probe,
     process_tree,
+    server_devices,
     wait_for_free_memory,
 )
+from pytest_vllm_mem.units import GIB
 
-GiB = 1 << 30
 MB = 1_000_000
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def one_gpu(**kwargs: Any) -> FakeNvml:
+    names = kwargs.pop("names", None)
+    return FakeNvml([FakeGpu(gpu_uuid(0), **kwargs)], names=names)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# A fake NVML module: just the calls memory.py makes, with state the tests change between calls.
+# The fake itself: it must fail like pynvml does, or the tests below prove nothing.
 
 
-class FakeNvml:
-    class NVMLError(Exception):
-        pass
+def test_fake_nvml_maps_codes_to_subclasses_like_pynvml() -> None:
+    import pynvml
 
-    def __init__(
-        self,
-        *,
-        count: int = 1,
-        name: str | bytes = "NVIDIA H100 80GB HBM3",
-        total: int = 80 * GiB,
-        used: int = 1 * GiB,
-        compute: list[tuple[int, int | None]] | None = None,
-        graphics: list[tuple[int, int | None]] | None = None,
-        names: dict[int, str | bytes] | None = None,
-        init_error: BaseException | None = None,
-        graphics_error: bool = False,
-    ) -> None:
-        self.count, self.name, self.total, self.used = count, name, total, used
-        self.compute = compute or []
-        self.graphics = graphics or []
-        self.names = names or {}
-        self.init_error = init_error
-        self.graphics_error = graphics_error
-        self.inits = self.shutdowns = 0
-
-    def nvmlInit(self) -> None:
-        if self.init_error is not None:
-            raise self.init_error
-        self.inits += 1
-
-    def nvmlShutdown(self) -> None:
-        self.shutdowns += 1
-
-    def nvmlDeviceGetCount(self) -> int:
-        return self.count
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> tuple[str, int]:
-        return ("handle", index)
-
-    def nvmlDeviceGetName(self, handle: Any) -> str | bytes:
-        return self.name
-
-    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> SimpleNamespace:
-        return SimpleNamespace(total=self.total, used=self.used, free=self.total - self.used)
-
-    @staticmethod
-    def _processes(entries: list[tuple[int, int | None]]) -> list[SimpleNamespace]:
-        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in entries]
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[SimpleNamespace]:
-        return self._processes(self.compute)
-
-    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[SimpleNamespace]:
-        if self.graphics_error:
-            raise self.NVMLError("Not Supported")
-        return self._processes(self.graphics)
-
-    def nvmlSystemGetProcessName(self, pid: int) -> str | bytes:
-        if pid not in self.names:
-            raise self.NVMLError("Not Found")
-        return self.names[pid]
+    for code in (NVML_ERROR_NOT_FOUND, NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_GPU_IS_LOST):
+        real, fake = pynvml.NVMLError(code), NVMLError(code)
+        assert type(real).__name__ == type(fake).__name__ and real.value == fake.value == code
+        assert str(real) == str(fake)
+    assert type(pynvml.NVMLError_NotFound()).__name__ == type(FakeNvml().NVMLError_NotFound()).__name__
+    nvml = FakeNvml()
+    with pytest.raises(NVMLError) as uninitialized:
+        nvml.nvmlDeviceGetCount()
+    assert uninitialized.value.value == pynvml.NVML_ERROR_UNINITIALIZED
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# NvmlProbe
+# NvmlProbe on one GPU
 
 
 def test_nvml_probe_sums_our_pids_per_process() -> None:
     # pid 100 has a compute and a graphics context: NVML lists it twice with the same memory; count it once.
-    nvml = FakeNvml(compute=[(100, 2 * GiB), (200, 3 * GiB), (999, 5 * GiB)], graphics=[(100, 2 * GiB)])
+    nvml = one_gpu(compute=[(100, 2 * GIB), (200, 3 * GIB), (999, 5 * GIB)], graphics=[(100, 2 * GIB)],
+                   graphics_supported=True)
     probe = NvmlProbe(0, nvml=nvml)
-    assert probe.device == DeviceInfo("cuda", "NVIDIA H100 80GB HBM3", 80 * GiB, 0)
+    assert probe.device == DeviceInfo("cuda", H100, 80 * GIB, 0, gpu_uuid(0))
     assert isinstance(probe, MemoryProbe)
-    assert probe.used_bytes({100, 200}) == 5 * GiB
+    assert probe.used_bytes({100, 200}) == 5 * GIB
+    assert probe.read({100, 200}) == (5 * GIB,)
     assert probe.mode == "per_process"
-    assert probe.device_used_bytes() == 1 * GiB
+    assert probe.device_used_bytes() == 1 * GIB
+    assert probe.free_bytes() == (79 * GIB,)
 
 
 def test_nvml_probe_falls_back_to_device_delta_when_no_pid_is_ours() -> None:
     # In a container with its own PID namespace the driver reports host pids: none of them is ours.
-    nvml = FakeNvml(used=10 * GiB, compute=[(4_000_001, 30 * GiB)])
+    nvml = one_gpu(used=10 * GIB, compute=[(4_000_001, 30 * GIB)])
     probe = NvmlProbe(0, nvml=nvml)
-    nvml.used = 16 * GiB
-    assert probe.used_bytes({100, 101}) == 6 * GiB
+    nvml.gpus[0].used = 16 * GIB
+    assert probe.used_bytes({100, 101}) == 6 * GIB
     assert probe.mode == "device_delta"
-    nvml.used = 8 * GiB  # another process freed memory since the baseline: never negative
+    nvml.gpus[0].used = 8 * GIB  # another process freed memory since the baseline: never negative
     assert probe.used_bytes({100}) == 0
 
 
 def test_nvml_probe_falls_back_when_used_memory_is_unavailable() -> None:
-    nvml = FakeNvml(used=2 * GiB, compute=[(100, None)])  # pynvml gives None for NVML_VALUE_NOT_AVAILABLE
+    nvml = one_gpu(used=2 * GIB, compute=[(100, None)])  # pynvml gives None for NVML_VALUE_NOT_AVAILABLE
     probe = NvmlProbe(0, nvml=nvml)
-    nvml.used = 5 * GiB
-    assert probe.used_bytes({100}) == 3 * GiB
+    nvml.gpus[0].used = 5 * GIB
+    assert probe.used_bytes({100}) == 3 * GIB
     assert probe.mode == "device_delta"
 
 
 def test_nvml_probe_reports_zero_after_our_processes_leave_the_gpu() -> None:
-    nvml = FakeNvml(compute=[(100, 4 * GiB)])
+    nvml = one_gpu(compute=[(100, 4 * GIB)])
     probe = NvmlProbe(0, nvml=nvml)
-    assert probe.used_bytes({100}) == 4 * GiB
-    nvml.compute = []
-    nvml.used = 20 * GiB  # someone else's memory must not be counted once we know the driver sees our pids
+    assert probe.used_bytes({100}) == 4 * GIB
+    nvml.gpus[0].compute = []
+    nvml.gpus[0].used = 20 * GIB  # someone else's memory must not be counted once we know the driver sees our pids
     assert probe.used_bytes({100}) == 0
     assert probe.mode == "per_process"
 
 
-def test_nvml_probe_tolerates_unsupported_graphics_query_and_closes_once() -> None:
-    nvml = FakeNvml(compute=[(100, 1 * GiB)], graphics_error=True)
+def test_nvml_probe_counts_new_processes_on_its_gpu_outside_the_tree() -> None:
+    # vLLM's Ray executor: the GPU worker is a child of Ray's raylet, not of the API server. A process that was on
+    # the GPU before the probe was created (another tenant) is never ours.
+    nvml = one_gpu(compute=[(7, 3 * GIB)])
     probe = NvmlProbe(0, nvml=nvml)
-    assert probe.used_bytes([100]) == 1 * GiB
+    nvml.gpus[0].compute = [(7, 3 * GIB), (100, 1 * GIB), (5000, 20 * GIB)]  # 100: the API server; 5000: Ray worker
+    assert probe.read({100, 101}) == (21 * GIB,)
+    assert probe.mode == "per_process"
+
+
+def test_a_new_process_of_another_servers_tree_is_not_counted() -> None:
+    nvml = one_gpu()
+    ours, theirs = NvmlProbe(0, nvml=nvml), NvmlProbe(0, nvml=nvml)
+    nvml.gpus[0].compute = [(100, 2 * GIB), (200, 5 * GIB)]
+    assert theirs.read({200}) == (5 * GIB,)  # the other server's sampler claims its tree
+    assert ours.read({100}) == (2 * GIB,)
+    theirs.close()
+    ours.close()
+
+
+def test_nvml_probe_tolerates_unsupported_graphics_query_and_closes_once() -> None:
+    nvml = one_gpu(compute=[(100, 1 * GIB)], graphics_supported=False)
+    probe = NvmlProbe(0, nvml=nvml)
+    assert probe.used_bytes([100]) == 1 * GIB
     probe.close()
     probe.close()
-    assert (nvml.inits, nvml.shutdowns) == (1, 1)
+    assert (nvml.inits, nvml.shutdowns, nvml.refcount) == (1, 1, 0)
 
 
 def test_nvml_probe_rejects_a_missing_device_index() -> None:
-    nvml = FakeNvml(count=2)
-    with pytest.raises(ValueError, match="device_index 5 does not exist.*2 GPU"):
+    nvml = FakeNvml(gpus(2))
+    with pytest.raises(DeviceError, match="GPU index 5 does not exist.*2 GPU"):
         NvmlProbe(5, nvml=nvml)
-    assert nvml.shutdowns == 1
+    assert nvml.refcount == 0
 
 
 def test_other_holders_lists_other_processes_with_names() -> None:
     own = os.getpid()
-    nvml = FakeNvml(
-        compute=[(100, 2 * GiB), (200, None), (own, 1 * GiB)],
-        names={100: b"python3", 200: "VLLM::Worker"},
-    )
+    nvml = one_gpu(compute=[(100, 2 * GIB), (200, None), (own, 1 * GIB)], names={100: b"python3", 200: "VLLM::Worker"})
     probe = NvmlProbe(0, nvml=nvml)
     assert probe.other_holders(exclude_pids={100}) == [
         (200, 0, "VLLM::Worker"),
-        (own, 1 * GiB, psutil.Process(own).name()),  # NVML has no name for it: psutil's
+        (own, 1 * GIB, psutil.Process(own).name()),  # NVML has no name for it: psutil's
     ]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# detect_device / make_probe
+# NVML failures: missing samples and clear messages, never a 0 or a traceback
 
 
-@pytest.mark.parametrize("name", ["NVIDIA H100 80GB HBM3", b"NVIDIA H100 80GB HBM3"])
+def test_a_process_list_that_changes_under_the_query_is_retried() -> None:
+    nvml = one_gpu(compute=[(100, 4 * GIB)])
+    probe = NvmlProbe(0, nvml=nvml)
+    gpu = nvml.gpus[0]
+    gpu.fail_next = [NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_NOT_FOUND]  # two races, then a clean read
+    assert probe.read({100}) == (4 * GIB,)
+    assert gpu.fail_next == []
+
+
+def test_a_process_list_growing_past_pynvmls_array_is_retried() -> None:
+    nvml = one_gpu(compute=[(100, 4 * GIB)])
+    probe = NvmlProbe(0, nvml=nvml)
+    gpu = nvml.gpus[0]
+    grown = [(1000 + n, 1) for n in range(10)]
+
+    def burst(target: FakeGpu) -> None:  # ten processes start between count (1) and fill (room for 7)
+        target.compute = [(100, 4 * GIB), *grown]
+        target.between_calls = None
+
+    gpu.between_calls = burst
+    assert probe.read({100}) == (4 * GIB + 10,)  # the new processes started after the probe: counted as ours
+
+
+def test_a_race_that_does_not_clear_is_a_missing_sample_not_zero() -> None:
+    own = os.getpid()
+    nvml = one_gpu(compute=[(own, 4 * GIB)])
+    probe = NvmlProbe(0, nvml=nvml)
+    assert probe.read({own}) == (4 * GIB,)  # seen once: an empty list would now read as 0
+    nvml.gpus[0].fail_next = [NVML_ERROR_INSUFFICIENT_SIZE] * 3
+    with pytest.raises(ProbeReadError, match="could not list the compute processes of GPU 0: Insufficient Size"):
+        probe.read({own})
+    sampler = MemorySampler(probe, os.getpid())
+    nvml.gpus[0].fail_next = [NVML_ERROR_INSUFFICIENT_SIZE] * 3
+    assert sampler.sample_now() is None
+    assert sampler.sample_now() == 4 * GIB
+    assert [value for _, value in sampler.samples] == [4 * GIB]  # the failed read left no 0 behind
+    assert sampler.missed_samples == 1 and sampler.error is None
+    note = sampler.missed_note()
+    assert note is not None and note.startswith("1 of 2 memory samples could not be read") and "NVML error 7" in note
+
+
+def test_a_lost_gpu_is_a_clear_message() -> None:
+    nvml = one_gpu(compute=[(100, 4 * GIB)])
+    probe = NvmlProbe(0, nvml=nvml)
+    nvml.gpus[0].lost = True
+    with pytest.raises(ProbeReadError) as error:
+        probe.read({100})
+    message = str(error.value)
+    assert "GPU 0" in message and "GPU is lost (NVML error 15)" in message and "nvidia-smi" in message
+    with pytest.raises(NvmlError, match="could not read the memory of GPU 0: GPU is lost"):
+        probe.free_bytes()
+    with pytest.raises(NvmlError, match="GPU is lost"):
+        detect_devices("0", nvml=nvml)
+    assert nvml.refcount == 1  # only the probe's session is open
+    probe.close()
+
+
+def test_the_unversioned_query_falls_back_to_v2_on_an_older_driver() -> None:
+    # nvidia-ml-py's unversioned getter calls _v3 and raises NVMLLibraryMismatchError (not an NVMLError) when the
+    # driver lacks it.
+    nvml = FakeNvml([FakeGpu(gpu_uuid(0), compute=[(100, 3 * GIB)])], has_v3=False)
+    with pytest.raises(nvml.NVMLLibraryMismatchError):
+        nvml.nvmlInit()
+        try:
+            nvml.nvmlDeviceGetComputeRunningProcesses(nvml.nvmlDeviceGetHandleByIndex(0))
+        finally:
+            nvml.nvmlShutdown()
+    probe = NvmlProbe(0, nvml=nvml)
+    assert probe.read({100}) == (3 * GIB,)
+    assert probe.read({100}) == (3 * GIB,)
+
+
+def test_a_query_failing_with_another_exception_is_a_clear_message() -> None:
+    class Broken(FakeNvml):
+        def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any) -> list[Any]:
+            raise OSError("libnvidia-ml.so.1: undefined symbol nvmlDeviceGetComputeRunningProcesses_v2")
+
+    probe_nvml = Broken([FakeGpu(gpu_uuid(0))], has_v3=False)
+    with pytest.raises(NvmlError, match="could not list the compute processes of GPU 0: libnvidia-ml"):
+        NvmlProbe(0, nvml=probe_nvml)
+    assert probe_nvml.refcount == 0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Several GPUs, UUIDs and MIG slices, resolved as vLLM resolves CUDA_VISIBLE_DEVICES
+
+
+def mig_host() -> FakeNvml:
+    """GPU 0: a plain H100; GPU 1: an A100 80GB in MIG mode with slices in slots 0 and 2 (slot 1 empty)."""
+    migs = {0: FakeMig(mig_uuid(10), total=40 * GIB, gpu_instance=1, compute_instance=0, compute=[(300, 6 * GIB)]),
+            2: FakeMig(mig_uuid(12), name="NVIDIA A100-SXM4-80GB MIG 1g.10gb", total=10 * GIB, gpu_instance=9,
+                       compute_instance=0)}
+    return FakeNvml([FakeGpu(gpu_uuid(0)),
+                     FakeGpu(gpu_uuid(1), name="NVIDIA A100-SXM4-80GB", mig_capable=True, mig_enabled=True,
+                             migs=migs)])
+
+
+@pytest.mark.parametrize("visible, expected", [
+    (None, [(0, None), (1, 0), (1, 2)]),  # unset: every GPU, a MIG-mode GPU's slices in its place
+    ("1,0", [(1, None), (0, None)]),  # CUDA's order is CUDA_VISIBLE_DEVICES's
+    (gpu_uuid(1), [(1, None)]),
+    ("GPU-00000001", [(1, None)]),  # a unique prefix, as CUDA accepts
+    (f" {mig_uuid(12)} ", [(1, 2)]),
+    ("MIG-0000000a", [(1, 0)]),
+    (f"MIG-{gpu_uuid(1)}/9/0", [(1, 2)]),  # the pre-R470 MIG naming
+    ("", []),  # no GPU: the CPU backend
+])
+def test_devices_are_resolved_like_cuda_visible_devices(visible: str | None,
+                                                        expected: list[tuple[int, int | None]]) -> None:
+    nvml = mig_host()
+    with_cpu = detect_devices(visible, nvml=nvml)
+    if not expected:
+        assert [device.backend for device in with_cpu] == ["cpu"]
+    else:
+        assert [(device.index, device.mig_index) for device in with_cpu] == expected
+    assert nvml.refcount == 0
+
+
+def test_a_mig_slice_has_the_slices_memory_and_its_own_processes() -> None:
+    nvml = mig_host()
+    (device,) = detect_devices("MIG-0000000a", nvml=nvml)
+    assert device == DeviceInfo("cuda", "NVIDIA A100-SXM4-80GB MIG 3g.40gb", 40 * GIB, 1, mig_uuid(10), 0)
+    assert device.label == "GPU 1 MIG 0"
+    probe = make_probe(device, nvml=nvml)
+    nvml.gpus[1].migs[0].compute.append((400, 2 * GIB))  # our server's worker, new on the slice
+    nvml.gpus[0].compute.append((500, 9 * GIB))  # a process on another GPU: not on our slice
+    assert probe.read({400}) == (2 * GIB,)
+    assert probe.free_bytes() == (40 * GIB,)
+    probe.close()
+
+
+@pytest.mark.parametrize("visible, message", [
+    ("3", "names GPU 3, but NVML sees 2 GPU"),
+    ("GPU-ffff", "'GPU-ffff' matches no GPU UUID"),
+    ("GPU-0000000", "matches 2 GPU UUID"),  # a prefix of both GPUs' UUIDs
+    ("MIG-0000000", "matches 2 MIG slice UUID"),
+    ("0,0", "names '0' twice"),
+    ("cuda:0", "'cuda:0', which is not a GPU"),
+    (f"MIG-{gpu_uuid(1)}/5/0", "no MIG slice with GPU instance 5"),
+])
+def test_a_device_that_does_not_exist_is_a_usage_message(visible: str, message: str) -> None:
+    nvml = mig_host()
+    with pytest.raises(DeviceError, match=message.replace("(", r"\(")):
+        detect_devices(visible, nvml=nvml)
+    assert nvml.refcount == 0
+
+
+def test_tensor_parallel_server_is_measured_on_every_gpu() -> None:
+    nvml = FakeNvml(gpus(4))
+    visible = detect_devices("2,3,0", nvml=nvml)
+    flags = {"tensor_parallel_size": 2}
+    devices = server_devices(visible, flags)
+    assert [device.index for device in devices] == [2, 3]
+    probe = make_probe(devices, nvml=nvml)
+    nvml.gpus[2].compute = [(1001, 30 * GIB)]
+    nvml.gpus[3].compute = [(1002, 31 * GIB)]
+    nvml.gpus[0].compute = [(1003, 70 * GIB)]  # visible but not used by a TP=2 server: never measured
+    sampler = MemorySampler(probe, os.getpid(), close_probe=True)
+    t0 = sampler.mark("start")
+    assert sampler.sample_now() == 61 * GIB
+    nvml.gpus[2].compute = [(1001, 32 * GIB)]
+    nvml.gpus[3].compute = [(1002, 29 * GIB)]
+    assert sampler.sample_now() == 61 * GIB
+    assert sampler.devices == devices
+    assert sampler.device_peaks_between(t0) == (32 * GIB, 31 * GIB)  # each GPU's own peak, not the total's moment
+    assert sampler.peak_between(t0) == 61 * GIB and sampler.device_peaks == (32 * GIB, 31 * GIB)
+    sampler.stop()
+    assert nvml.refcount == 0  # close_probe: stop() closed it
+
+
+@pytest.mark.parametrize("flags, count", [
+    ({}, 1),
+    ({"tensor_parallel_size": 2}, 2),
+    ({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}, 4),
+    ({"data_parallel_size": 2}, 2),
+    ({"data_parallel_size": 4, "data_parallel_size_local": 2, "tensor_parallel_size": 2}, 4),
+    ({"tensor_parallel_size": "2"}, 2),
+])
+def test_gpus_used_follows_vllms_world_size(flags: dict[str, object], count: int) -> None:
+    assert gpus_used(flags) == count
+
+
+def test_server_devices_on_cpu_is_the_cpu() -> None:
+    cpu = DeviceInfo("cpu", "fake cpu", 8 * GIB, None)
+    assert server_devices((cpu,), {"tensor_parallel_size": 2}) == (cpu,)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# detect_device / make_probe / device_count
+
+
+@pytest.mark.parametrize("name", [H100, H100.encode()])
 def test_detect_device_finds_a_gpu(name: str | bytes) -> None:
-    nvml = FakeNvml(count=2, name=name, total=80 * GiB)
+    nvml = FakeNvml(gpus(2, name=name, total=80 * GIB))
     device = detect_device(1, nvml=nvml)
-    assert device == DeviceInfo("cuda", "NVIDIA H100 80GB HBM3", 80 * GiB, 1)
+    assert device == DeviceInfo("cuda", H100, 80 * GIB, 1, gpu_uuid(1))
     assert nvml.shutdowns == nvml.inits == 1
 
 
 @pytest.mark.parametrize(
     "nvml",
     [
-        FakeNvml(init_error=FakeNvml.NVMLError("Driver Not Loaded")),
+        FakeNvml(init_error=9),  # NVML_ERROR_DRIVER_NOT_LOADED
+        FakeNvml(init_error=12),  # NVML_ERROR_LIBRARY_NOT_FOUND: how pynvml reports a missing libnvidia-ml.so.1
         FakeNvml(init_error=OSError("libnvidia-ml.so.1: cannot open shared object file")),
-        FakeNvml(count=0),
+        FakeNvml([]),
     ],
-    ids=["driver-not-loaded", "no-library", "no-gpu"],
+    ids=["driver-not-loaded", "no-library", "os-error", "no-gpu"],
 )
 def test_detect_device_falls_back_to_cpu(nvml: FakeNvml) -> None:
-    device = detect_device(nvml=nvml)
-    assert device.backend == "cpu"
-    assert device.index is None
-    assert device.name
-    assert device.total_bytes == cpu_node_memory()[0]
+    for device in (detect_device(nvml=nvml), *detect_devices(None, nvml=nvml)):
+        assert device.backend == "cpu"
+        assert device.index is None
+        assert device.name
+        assert device.total_bytes == cpu_node_memory()[0]
+    assert device_count(nvml) == 0
 
 
 def test_detect_device_rejects_a_missing_gpu_index() -> None:
-    with pytest.raises(ValueError, match="device_index 3 does not exist"):
-        detect_device(3, nvml=FakeNvml(count=1))
+    with pytest.raises(DeviceError, match="GPU index 3 does not exist"):
+        detect_device(3, nvml=FakeNvml(gpus(1)))
+
+
+def test_device_count_counts_gpus_and_shuts_down() -> None:
+    nvml = FakeNvml(gpus(3))
+    assert device_count(nvml) == 3
+    assert nvml.refcount == 0
 
 
 def test_make_probe_picks_the_backend() -> None:
-    gpu = make_probe(DeviceInfo("cuda", "fake", 80 * GiB, 0), nvml=FakeNvml())
+    nvml = one_gpu()
+    gpu = make_probe(DeviceInfo("cuda", "fake", 80 * GIB, 0), nvml=nvml)
     assert isinstance(gpu, NvmlProbe)
-    cpu_device = DeviceInfo("cpu", "fake cpu", 8 * GiB, None)
+    scoped = gpu.scoped(gpu.devices)
+    assert isinstance(scoped, NvmlProbe) and scoped is not gpu and scoped.devices == gpu.devices
+    scoped.close()
+    gpu.close()
+    cpu_device = DeviceInfo("cpu", "fake cpu", 8 * GIB, None)
     cpu = make_probe(cpu_device)
-    assert isinstance(cpu, ProcessTreeProbe) and cpu.device is cpu_device
+    assert isinstance(cpu, ProcessTreeProbe) and cpu.device is cpu_device and cpu.devices == (cpu_device,)
     assert cpu.other_holders(exclude_pids=()) == []
     assert 0 < cpu.device_used_bytes() <= cpu_node_memory()[0]
-    with pytest.raises(ValueError, match="backend 'rocm' has no memory probe"):
+    assert 0 < cpu.free_bytes()[0] <= cpu_node_memory()[0]
+    assert isinstance(cpu.scoped([cpu_device]), ProcessTreeProbe) and cpu.scoped([cpu_device]) is not cpu
+    with pytest.raises(ValueError, match="backend.*'rocm'.*no memory probe"):
         make_probe(DeviceInfo("rocm", "fake", 1, 0))
 
 
@@ -223,42 +415,49 @@ def test_make_probe_picks_the_backend() -> None:
 # wait_for_free_memory
 
 
-class DrainingNvml(FakeNvml):
-    """An earlier server still exiting: its process leaves the GPU after `polls` process-list queries."""
-
-    def __init__(self, polls: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.polls = polls
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[SimpleNamespace]:
-        self.polls -= 1
-        if self.polls < 0:
-            self.compute = []
-        return super().nvmlDeviceGetComputeRunningProcesses(handle)
-
-
 def test_wait_for_free_memory_waits_until_holders_leave() -> None:
-    probe = NvmlProbe(0, nvml=DrainingNvml(polls=3, used=70 * GiB, compute=[(4242, 69 * GiB)]))
+    nvml = one_gpu(used=70 * GIB, compute=[(4242, 69 * GIB)])
+    probe = NvmlProbe(0, nvml=nvml)
+    polls = [3]
+
+    def drain(gpu: FakeGpu) -> None:  # an earlier server still exiting leaves after three queries
+        polls[0] -= 1
+        if polls[0] < 0:
+            gpu.compute = []
+
+    nvml.gpus[0].between_calls = drain
     started = time.monotonic()
     assert wait_for_free_memory(probe, exclude_pids=(), timeout_s=5, poll_s=0.01) == []
     assert time.monotonic() - started < 2
 
 
 def test_wait_for_free_memory_returns_remaining_holders_at_timeout() -> None:
-    probe = NvmlProbe(0, nvml=FakeNvml(used=70 * GiB, compute=[(4242, 69 * GiB)], names={4242: "python"}))
+    probe = NvmlProbe(0, nvml=one_gpu(used=70 * GIB, compute=[(4242, 69 * GIB)], names={4242: "python"}))
     assert wait_for_free_memory(probe, (), needed_fraction=0.9, timeout_s=0.05, poll_s=0.01) == [
-        (4242, 69 * GiB, "python")
+        (4242, 69 * GIB, "python")
     ]
 
 
 def test_wait_for_free_memory_is_clear_when_enough_is_free() -> None:
-    probe = NvmlProbe(0, nvml=FakeNvml(total=80 * GiB, used=5 * GiB, compute=[(4242, 4 * GiB)]))
+    probe = NvmlProbe(0, nvml=one_gpu(total=80 * GIB, used=5 * GIB, compute=[(4242, 4 * GIB)]))
     assert wait_for_free_memory(probe, (), needed_fraction=0.9, timeout_s=5) == []
-    assert wait_for_free_memory(probe, (), needed_bytes=70 * GiB, timeout_s=5) == []
+    assert wait_for_free_memory(probe, (), needed_bytes=70 * GIB, timeout_s=5) == []
+
+
+def test_wait_for_free_memory_waits_for_every_gpu_of_the_server() -> None:
+    # GPU 0 is free; on GPU 1 an earlier server still holds 60 GiB: a TP=2 server must wait for both.
+    nvml = FakeNvml([FakeGpu(gpu_uuid(0), used=1 * GIB), FakeGpu(gpu_uuid(1), used=61 * GIB,
+                                                                  compute=[(4242, 60 * GIB)])], names={4242: "VLLM"})
+    probe = make_probe(detect_devices("0,1", nvml=nvml), nvml=nvml)
+    assert wait_for_free_memory(probe, (), needed_fraction=0.9, timeout_s=0.05, poll_s=0.01) == [
+        (4242, 60 * GIB, "VLLM")
+    ]
+    first_only = make_probe(detect_devices("0", nvml=nvml), nvml=nvml)
+    assert wait_for_free_memory(first_only, (), needed_fraction=0.9, timeout_s=0.05, poll_s=0.01) == []
 
 
 def test_wait_for_free_memory_on_cpu_returns_at_once_and_checks_input() -> None:
-    probe = ProcessTreeProbe(DeviceInfo("cpu", "fake cpu", 8 * GiB, None))
+    probe = ProcessTreeProbe(DeviceInfo("cpu", "fake cpu", 8 * GIB, None))
     assert wait_for_free_memory(probe, (), needed_fraction=0.9, timeout_s=100) == []
     with pytest.raises(ValueError, match="not both"):
         wait_for_free_memory(probe, (), needed_bytes=1, needed_fraction=0.5, timeout_s=1)
@@ -460,22 +659,33 @@ def test_sampler_cost_is_small(spawn: Any) -> None:
 class ScriptedProbe:
     """Returns the next value of `values` (the last one forever); raises once when told to."""
 
-    device = DeviceInfo("cpu", "scripted", 1 * GiB, None)
+    device = DeviceInfo("cpu", "scripted", 1 * GIB, None)
+    devices = (device,)
+    default_period_s = 0.05
 
     def __init__(self, values: list[int], fail_at: int | None = None) -> None:
         self.values, self.calls, self.fail_at = values, 0, fail_at
 
-    def used_bytes(self, pids: Any) -> int:
+    def read(self, pids: Collection[int]) -> tuple[int, ...]:
+        return (self.used_bytes(pids),)
+
+    def used_bytes(self, pids: Collection[int]) -> int:
         self.calls += 1
         if self.calls == self.fail_at:
-            raise RuntimeError("transient read failure")
+            raise RuntimeError("a bug in the probe")
         return self.values[min(self.calls - 1, len(self.values) - 1)]
 
-    def other_holders(self, exclude_pids: Any) -> list[tuple[int, int, str]]:
+    def other_holders(self, exclude_pids: Collection[int]) -> list[tuple[int, int, str]]:
         return []
 
     def device_used_bytes(self) -> int:
         return 0
+
+    def free_bytes(self) -> tuple[int, ...]:
+        return (1 * GIB,)
+
+    def scoped(self, devices: Sequence[DeviceInfo]) -> ScriptedProbe:
+        return self
 
     def close(self) -> None:
         pass
@@ -483,6 +693,7 @@ class ScriptedProbe:
 
 def test_peak_between_uses_only_samples_in_the_window() -> None:
     sampler = MemorySampler(ScriptedProbe([10, 50, 20, 40]), os.getpid())
+    assert isinstance(ScriptedProbe([0]), MemoryProbe)
     assert sampler.peak_bytes == 0 and sampler.peak_between(0.0) == 0
     sampler.sample_now()
     t1 = sampler.mark("a")
@@ -510,7 +721,7 @@ def test_sampler_survives_a_probe_error_and_stops_idempotently() -> None:
     count = len(sampler.samples)
     time.sleep(0.05)
     assert len(sampler.samples) == count >= 5
-    assert isinstance(sampler.error, RuntimeError)
+    assert isinstance(sampler.error, RuntimeError) and sampler.missed_samples == 0  # a bug is not a missed sample
     with pytest.raises(RuntimeError, match="runs once"):
         sampler.start()
 

@@ -1,0 +1,45 @@
+"""Memory of a vLLM server measured from outside: which devices it uses, a probe per backend, and a sampler thread.
+
+The server is a process tree (API server -> EngineCore -> Workers) on one or more devices. A `MemoryProbe` answers
+"how much memory do these processes hold on each device now"; `MemorySampler` asks it every `period_s` in a
+background thread. `detect_devices()` resolves CUDA_VISIBLE_DEVICES as vLLM does (or gives the CPU) and
+`make_probe()` builds the matching probe, so callers never branch on the backend themselves.
+
+Modules, one concern each: `device` (records, the probe protocol, errors), `process_tree`, `nvml` (every NVML call),
+`gpu` (NvmlProbe), `cpu` (NUMA node memory, ProcessTreeProbe), `backend` (choice, devices per server, waiting),
+`sampler`.
+"""
+
+from __future__ import annotations
+
+from .backend import detect_device, detect_devices, gpus_used, make_probe, server_devices, wait_for_free_memory
+from .cpu import ProcessTreeProbe, cpu_device, cpu_memory_node, cpu_model_name, cpu_node_memory
+from .device import DeviceError, DeviceInfo, MemoryProbe, ProbeReadError
+from .gpu import NvmlProbe
+from .nvml import NvmlError, NvmlUnavailable, device_count
+from .process_tree import process_tree
+from .sampler import MemorySampler
+
+__all__ = [
+    "DeviceError",
+    "DeviceInfo",
+    "MemoryProbe",
+    "MemorySampler",
+    "NvmlError",
+    "NvmlProbe",
+    "NvmlUnavailable",
+    "ProbeReadError",
+    "ProcessTreeProbe",
+    "cpu_device",
+    "cpu_memory_node",
+    "cpu_model_name",
+    "cpu_node_memory",
+    "detect_device",
+    "detect_devices",
+    "device_count",
+    "gpus_used",
+    "make_probe",
+    "process_tree",
+    "server_devices",
+    "wait_for_free_memory",
+]

@@ -1,0 +1,69 @@
+"""A server's process tree (API server -> EngineCore -> Workers), found from outside and cheaply."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import psutil
+
+__all__ = ["process_tree", "process_name"]
+
+
+def process_tree(root_pid: int) -> set[int]:
+    """`root_pid` and all its descendants alive now; empty if the root is gone.
+
+    Finding children means reading every process's parent pid, so the cost grows with the number of processes on
+    the machine, not with the tree: MemorySampler caches the result. On Linux the parents come straight from
+    /proc/PID/stat (about 4x cheaper than psutil's children(), which builds Process objects); elsewhere psutil.
+    """
+    parents = _parent_pids() if sys.platform.startswith("linux") else None
+    if parents is None:
+        try:
+            children = psutil.Process(root_pid).children(recursive=True)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return set()
+        return {root_pid, *(child.pid for child in children)}
+    if root_pid not in parents:
+        return set()
+    children_of: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children_of.setdefault(parent, []).append(pid)
+    tree, pending = {root_pid}, [root_pid]
+    while pending:
+        for child in children_of.get(pending.pop(), ()):
+            if child not in tree:
+                tree.add(child)
+                pending.append(child)
+    return tree
+
+
+def _parent_pids() -> dict[int, int] | None:
+    """pid -> parent pid of every process, from /proc/PID/stat; None if /proc cannot be listed."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    parents = {}
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY)
+            try:
+                stat = os.read(fd, 1024)
+            finally:
+                os.close(fd)
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ")".
+            parents[int(name)] = int(stat[stat.rindex(b")") + 2 :].split(b" ", 2)[1])
+        except (OSError, ValueError, IndexError):
+            continue  # exited between listdir and open
+    return parents
+
+
+def process_name(pid: int) -> str:
+    """psutil's name of `pid`, or "?" when it is gone or not ours to read."""
+    try:
+        return str(psutil.Process(pid).name())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return "?"
