@@ -1,17 +1,21 @@
-"""The per-test gate: a peak above the tier, or a metric worse than its baseline beyond tolerance, fails the test."""
+"""The per-test gate: a peak above the tier, or a metric worse than its baseline beyond tolerance, fails the test.
+
+One Gate per session (made in pytest_configure): it holds the session's one BaselineStore, so the baseline file is
+read once and every test compares against the same content.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import pytest
 
-from .baseline import (BaselineEntry, BaselineError, BaselineStore, EnvKey, Tolerance, ToleranceError, compare,
-                       format_gate_failure, gate_failures, git_commit, parse_tolerance_mapping,
-                       parse_tolerance_spec, resolve_tolerances)
 from .advice import advise, render_steps
+from .baseline_store import BaselineEntry, BaselineError, BaselineStore, EnvKey, git_commit
+from .compare import Judge, compare, format_gate_failure, gate_failures, select_baseline, tolerance_judge
 from .diagnose import Diagnosis
+from .metrics import Tolerance, ToleranceError, parse_tolerance_mapping, parse_tolerance_spec, resolve_tolerances
 from .results import TestRecord, failure_dict
 from .server import VLLMServer
 from .settings import UsageError
@@ -19,6 +23,22 @@ from .units import format_bytes
 
 if TYPE_CHECKING:
     from .state import SessionState
+
+
+class GateSettings(Protocol):
+    """The settings the gate reads (Settings has them)."""
+
+    @property
+    def vllm_baseline(self) -> Path: ...
+
+    @property
+    def vllm_update_baseline(self) -> bool: ...
+
+    @property
+    def vllm_require_baseline(self) -> bool: ...
+
+    @property
+    def vllm_strict(self) -> bool: ...
 
 
 def tolerance_layers(config: pytest.Config) -> tuple[dict[str, Tolerance], dict[str, Tolerance]]:
@@ -42,64 +62,96 @@ def marker_tolerances(item: pytest.Item) -> dict[str, Tolerance]:
 
 
 def env_key(record: TestRecord) -> EnvKey:
+    """The record's environment. Its vLLM version is the one that served (the server's own log, else the
+    --vllm-python interpreter's vLLM), never the plugin's interpreter's."""
     return EnvKey(record.tier, record.device, record.vllm_version or "unknown")
 
 
 def tier_problem(record: TestRecord, tier_is_auto: bool) -> str | None:
-    if tier_is_auto or not record.tier_bytes or record.peak_memory_bytes <= record.tier_bytes:
+    # A tier is one card's memory: the fullest GPU of the server is what must fit, not the sum over its GPUs.
+    peak = record.largest_gpu_peak_bytes
+    if tier_is_auto or not record.tier_bytes or peak <= record.tier_bytes:
         return None
-    over = record.peak_memory_bytes - record.tier_bytes
-    return (f"peak memory {format_bytes(record.peak_memory_bytes)} exceeds the {record.tier} tier "
-            f"({format_bytes(record.tier_bytes)}) by {format_bytes(over)}")
+    per_gpu = record.peak_memory_per_gpu
+    where = f" on GPU {per_gpu.index(peak)} of {len(per_gpu)}" if len(per_gpu) > 1 else ""
+    return (f"peak memory {format_bytes(peak)}{where} exceeds the {record.tier} tier "
+            f"({format_bytes(record.tier_bytes)}) by {format_bytes(peak - record.tier_bytes)}")
 
 
-def evaluate_record(state: "SessionState", record: TestRecord, marker: dict[str, Tolerance]) -> str | None:
-    """Compare `record` with the tier and the baseline; returns the failure text, or None when the test passes."""
-    problems = []
-    over_tier = tier_problem(record, state.tier.auto)
-    if over_tier:
-        server = record.timeline.get("server") if record.timeline else None
-        steps = advise(None, server.launched, server.memory, tier_bytes=record.tier_bytes,
-                       peak_bytes=record.peak_memory_bytes) if isinstance(server, VLLMServer) else []
-        problems.append("\n".join([over_tier, *render_steps(steps)]))
-        record.failure = failure_dict(Diagnosis("tier_exceeded", over_tier), steps, None)
-    metrics = record.metrics()
-    if not metrics:
-        return "\n\n".join(problems) or None
-    tolerances = resolve_tolerances(state.tolerances_cli, state.tolerances_ini, marker)
-    settings = state.settings
-    try:
-        entry = BaselineStore(settings.vllm_baseline).get(record.test_id, env_key(record))
-    except BaselineError as error:
-        raise UsageError(str(error)) from None
-    comparisons = compare(entry, metrics, tolerances)
-    record.comparisons = [{**asdict(c), "tolerance": str(c.tolerance), "message": c.message()} for c in comparisons]
-    if settings.vllm_update_baseline:
-        record.baseline_status = "updated"
-        return "\n\n".join(problems) or None
-    record.baseline_status = "missing" if entry is None else "compared"
-    if entry is None and settings.vllm_require_baseline:
-        problems.append(f"no baseline for {record.test_id} on {env_key(record).as_str()} in {settings.vllm_baseline} "
-                        "(--vllm-require-baseline): record one with --vllm-update-baseline")
-    failures = gate_failures(comparisons, settings.vllm_strict)
-    if failures:
-        problems.append(format_gate_failure(record.test_id, failures, entry,
-                                            hint="if this change is intended, rerun with --vllm-update-baseline"))
-    return "\n\n".join(problems) or None
+class Gate:
+    """Tolerances of the command line and ini, the session's baseline store, and the judge of each metric."""
 
+    def __init__(self, settings: GateSettings, cli: dict[str, Tolerance] | None = None,
+                 ini: dict[str, Tolerance] | None = None, *, judge: Judge = tolerance_judge) -> None:
+        self.settings = settings
+        self.cli = cli or {}
+        self.ini = ini or {}
+        self.judge = judge
+        self.store = BaselineStore(settings.vllm_baseline)
 
-def baseline_entries(records: list[TestRecord], rootdir) -> list[BaselineEntry]:
-    """Entries for the tests that ran, passed and measured something, for --vllm-update-baseline."""
-    commit = git_commit(rootdir)
-    entries = []
-    for record in records:
-        if record.baseline_status != "updated" or not record.passed or not record.metrics():
-            continue
+    @classmethod
+    def from_config(cls, config: pytest.Config, settings: GateSettings) -> Gate:
+        cli, ini = tolerance_layers(config)
+        return cls(settings, cli, ini)
+
+    def evaluate(self, record: TestRecord, marker: dict[str, Tolerance], *, tier_is_auto: bool) -> str | None:
+        """Compare `record` with the tier and the baseline; returns the failure text, or None when the test passes.
+        Fills the record's comparisons and baseline match (also in update mode, for the upgrade report)."""
+        problems = []
+        over_tier = tier_problem(record, tier_is_auto)
+        if over_tier:
+            server = record.timeline.get("server") if record.timeline else None
+            steps = advise(None, server.launched, server.memory, tier_bytes=record.tier_bytes,
+                           peak_bytes=record.largest_gpu_peak_bytes) if isinstance(server, VLLMServer) else []
+            problems.append("\n".join([over_tier, *render_steps(steps)]))
+            record.failure = failure_dict(Diagnosis("tier_exceeded", over_tier), steps, None)
         samples = record.metric_samples()
-        runs = max((len(v) for v in samples.values()), default=1)
-        per_run = [{name: values[i] for name, values in samples.items() if i < len(values)} for i in range(runs)]
-        static = {k: v for k, v in record.metrics().items() if k not in samples}  # startup figures: one per server
-        per_run = [{**static, **run} for run in per_run] or [static]
-        entries.append(BaselineEntry.from_runs(record.test_id, env_key(record), per_run, config=record.launched,
-                                               commit=commit))
-    return entries
+        if not samples:
+            return "\n\n".join(problems) or None
+        tolerances = resolve_tolerances(self.cli, self.ini, marker)
+        settings = self.settings
+        env = env_key(record)
+        try:
+            match = select_baseline(self.store.entries_for(record.test_id), env)
+        except BaselineError as error:
+            raise UsageError(str(error)) from None
+        entry = match.entry if match is not None else None
+        comparisons = compare(entry, samples, tolerances, judge=self.judge)
+        record.comparisons = [c.to_dict() for c in comparisons]
+        record.baseline = match.to_dict() if match is not None else None
+        if settings.vllm_update_baseline:
+            record.baseline_status = "updated"
+            return "\n\n".join(problems) or None
+        record.baseline_status = "missing" if entry is None else "compared"
+        if entry is None and settings.vllm_require_baseline:
+            problems.append(f"no baseline for {record.test_id} on {env.as_str()} (nor another vLLM version on this "
+                            f"tier and device) in {settings.vllm_baseline} (--vllm-require-baseline): record one "
+                            "with --vllm-update-baseline")
+        failures = gate_failures(comparisons, settings.vllm_strict)
+        if failures:
+            problems.append(format_gate_failure(record.test_id, failures, entry, running_version=env.vllm_version,
+                                                hint="if this change is intended, rerun with --vllm-update-baseline"))
+        return "\n\n".join(problems) or None
+
+    def entries(self, records: list[TestRecord], rootdir: Path | str) -> list[BaselineEntry]:
+        """Entries for the tests that ran, passed and measured something, for --vllm-update-baseline."""
+        commit = git_commit(rootdir)
+        entries = []
+        for record in records:
+            samples = record.metric_samples()
+            if record.baseline_status != "updated" or not record.passed or not samples:
+                continue
+            entries.append(BaselineEntry.from_samples(record.test_id, env_key(record), samples,
+                                                      config=record.launched, commit=commit))
+        return entries
+
+    def update(self, records: list[TestRecord], rootdir: Path | str) -> int:
+        """Write the entries of `records` into the baseline file; raises BaselineError when it cannot."""
+        entries = self.entries(records, rootdir)
+        self.store.update(entries)
+        return len(entries)
+
+
+def evaluate_record(state: SessionState, record: TestRecord, marker: dict[str, Tolerance]) -> str | None:
+    """The gate of the session for one record (the hook's entry point)."""
+    return state.gate.evaluate(record, marker, tier_is_auto=state.tier.auto)

@@ -11,7 +11,7 @@ import pytest
 from .fixtures import (LoadFailed, startup_failure_key, vllm_config, vllm_load, vllm_server,  # noqa: F401
                        vllm_start, vllm_tune)
 from .interrupts import restore_sigterm, stop_servers_on_sigterm
-from .gate import evaluate_record, marker_tolerances, tolerance_layers
+from .gate import Gate, evaluate_record, marker_tolerances
 from .ordering import group_by_server_config
 from .report import ReportWriter
 from .results import RECORD_PROPERTY, TestRecord
@@ -43,7 +43,7 @@ def pytest_configure(config: pytest.Config) -> None:
         except WorkerDeviceError as error:
             raise UsageError(str(error)) from None
     state = SessionState(settings)
-    state.tolerances_cli, state.tolerances_ini = tolerance_layers(config)
+    state.gate = Gate.from_config(config, settings)  # the session's one baseline store and tolerances
     config.stash[state_key] = state
     state.report = ReportWriter(state, config)
     state.collector = RecordCollector()
@@ -156,6 +156,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state.leaked = leaked
     if not hasattr(session.config, "workerinput"):  # the controller (or a run without xdist) writes the reports
         state.report.write_all(state.collector.records)
+        if state.report.failed and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a results or baseline file was not written
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:

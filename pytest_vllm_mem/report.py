@@ -1,4 +1,5 @@
-"""Reports: the terminal summary table, the results JSON, the markdown summary, and baseline updates at session end."""
+"""Reports: the terminal summary table, the upgrade report, the results JSON, the markdown summary, and baseline
+updates at session end. A results, markdown or baseline file that cannot be written fails the run (`failed`)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,21 @@ import os
 import platform
 from datetime import datetime, timezone
 from pathlib import Path
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .baseline import BaselineError, BaselineStore
-from .gate import baseline_entries
+from .baseline_store import BaselineError
+from .preflight import kv_cell
 from .results import TestRecord
-from .units import format_bytes
+from .units import format_bytes, format_quantity
 
 if TYPE_CHECKING:
     from .state import SessionState
 
 COLUMNS = ("test", "outcome", "peak / tier", "KV tokens", "out tok/s", "TTFT p99", "vs baseline")
+UPGRADE_COLUMNS = ("figure", "baseline", "now", "change", "status")
 
 
 def _short_test_id(test_id: str) -> str:
@@ -36,13 +39,14 @@ def baseline_cell(record: TestRecord) -> tuple[str, str | None]:
         return {"none": "-", "updated": "updated", "missing": "missing"}[record.baseline_status], None
     regressed = [c for c in record.comparisons if c["status"] == "regressed"]
     improved = [c for c in record.comparisons if c["status"] == "improved"]
+    across = f" (vs vLLM {record.upgraded_from})" if record.upgraded_from else ""
     if regressed:
         c = regressed[0]
-        return f"{c['metric']} {_change(c)}", "red"
+        return f"{c['metric']} {_change(c)}{across}", "red"
     if improved:
         c = improved[0]
-        return f"{c['metric']} {_change(c)} (update?)", "yellow"
-    return "within tolerance", "green"
+        return f"{c['metric']} {_change(c)} (update?){across}", "yellow"
+    return f"within tolerance{across}", "green"
 
 
 def _change(comparison: dict[str, Any]) -> str:
@@ -63,7 +67,7 @@ def table_rows(records: list[TestRecord]) -> list[tuple[list[str], str | None]]:
             _short_test_id(record.test_id),
             record.outcome,
             f"{format_bytes(record.peak_memory_bytes)}{tier}" if record.peak_memory_bytes else "-",
-            f"{kv:,}" if kv else "-",
+            kv_cell(kv, record.plan),
             f"{throughput:,.0f}" if throughput else "-",
             f"{ttft:,.0f} ms" if ttft else "-",
             cell,
@@ -71,11 +75,96 @@ def table_rows(records: list[TestRecord]) -> list[tuple[list[str], str | None]]:
     return rows
 
 
-def format_table(rows: list[list[str]]) -> list[str]:
+def format_table(rows: list[list[str]], columns: Sequence[str] = COLUMNS) -> list[str]:
     # Max(x, *()) is max(x), a TypeError, so a table without rows crashed; max([...]) takes one or more.
-    widths = [max([len(COLUMNS[i]), *(len(row[i]) for row in rows)]) for i in range(len(COLUMNS))]
-    line = lambda cells: "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(cells)).rstrip()  # noqa: E731
-    return [line(COLUMNS), line(["-" * w for w in widths])] + [line(row) for row in rows]
+    widths = [max([len(columns[i]), *(len(row[i]) for row in rows)]) for i in range(len(columns))]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(cells)).rstrip()
+
+    return [line(columns), line(["-" * w for w in widths])] + [line(row) for row in rows]
+
+
+def upgrade_rows(record: TestRecord) -> list[list[str]]:
+    """Every figure of a test compared across vLLM versions: baseline, now, change, and what the gate made of it."""
+    rows = []
+    for c in record.comparisons:
+        unit = c.get("unit", "")
+        base = "-" if c["baseline"] is None else format_quantity(c["baseline"], unit)
+        if c.get("recorded") is not None:
+            base += "*"  # re-planned for this run's device memory (see the note)
+        status = c["status"]
+        if c.get("tolerance") and status in ("ok", "regressed", "improved"):
+            status = f"{status} (tolerance {c['tolerance']})"
+        elif status == "info":
+            status = "reported"
+        rows.append([c["metric"], base, format_quantity(c["now"], unit),
+                     "-" if c["baseline"] is None else _change(c), status])
+    return rows
+
+
+def upgrade_groups(records: list[TestRecord]) -> dict[tuple[str, str], list[TestRecord]]:
+    """The records compared with another vLLM version's baseline, by (baseline version, running version)."""
+    groups: dict[tuple[str, str], list[TestRecord]] = {}
+    for record in records:
+        if record.upgraded_from and record.comparisons:
+            groups.setdefault((record.upgraded_from, record.vllm_version or "unknown"), []).append(record)
+    return groups
+
+
+def _upgrade_title(old: str, new: str, count: int) -> str:
+    tests = f"{count} test" + ("" if count == 1 else "s")
+    return f"vLLM upgrade {old} -> {new}: {tests} compared with the vLLM {old} baseline (no {new} entry yet)"
+
+
+def _upgrade_notes(records: list[TestRecord]) -> list[str]:
+    notes = dict.fromkeys(c["note"] for record in records for c in record.comparisons if c.get("note"))
+    return [f"* {note}" for note in notes]
+
+
+def upgrade_lines(records: list[TestRecord]) -> list[str]:
+    """The upgrade report for the terminal: per test, every figure old vs new with its change."""
+    lines = []
+    for (old, new), group in upgrade_groups(records).items():
+        lines.append(_upgrade_title(old, new, len(group)))
+        for record in group:
+            baseline = record.baseline or {}
+            lines.append(f"{_short_test_id(record.test_id)}: baseline {baseline.get('env')}, recorded "
+                         f"{baseline.get('recorded_at')}, commit {baseline.get('commit') or 'unknown'}")
+            header = [UPGRADE_COLUMNS[0], f"vLLM {old}", f"vLLM {new}", *UPGRADE_COLUMNS[3:]]
+            lines.extend("  " + line for line in format_table(upgrade_rows(record), header))
+        lines.extend(_upgrade_notes(group))
+    return lines
+
+
+def upgrade_markdown(records: list[TestRecord]) -> str:
+    parts = []
+    for (old, new), group in upgrade_groups(records).items():
+        parts.append(f"#### {_upgrade_title(old, new, len(group))}\n")
+        for record in group:
+            baseline = record.baseline or {}
+            parts.append(f"**{_short_test_id(record.test_id)}** (baseline recorded {baseline.get('recorded_at')}, "
+                         f"commit {baseline.get('commit') or 'unknown'})\n")
+            header = [UPGRADE_COLUMNS[0], f"vLLM {old}", f"vLLM {new}", *UPGRADE_COLUMNS[3:]]
+            parts.append(_markdown_rows(header, upgrade_rows(record)))
+        notes = _upgrade_notes(group)
+        if notes:
+            parts.append("\n".join(notes) + "\n")
+    return "\n".join(parts)
+
+
+def upgrade_document(records: list[TestRecord]) -> list[dict[str, Any]]:
+    """The upgrade report in the results JSON: per test, the versions and every figure's comparison."""
+    return [{"test_id": record.test_id, "from": old, "to": new, "baseline": record.baseline,
+             "figures": [{k: c.get(k) for k in ("metric", "unit", "baseline", "now", "change_pct", "status",
+                                                 "tolerance", "recorded", "note")} for c in record.comparisons]}
+            for (old, new), group in upgrade_groups(records).items() for record in group]
+
+
+def _markdown_rows(header: Sequence[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |" for cells in rows]
+    return "\n".join(lines) + "\n"
 
 
 def _link(path: str, relative_to: Path | None) -> str:
@@ -100,8 +189,14 @@ class ReportWriter:
         self.state = state
         self.config = config
         self.baseline_written: int | None = None
-        self.errors: list[str] = []
+        self.errors: list[str] = []  # files the run was asked for and did not get: they fail the run
+        self.warnings: list[str] = []  # extras that went wrong (plots, the CI step summary): shown, not fatal
         self.written: dict[str, Path] = {}  # option -> file actually written, for the summary
+
+    @property
+    def failed(self) -> bool:
+        """True when a results, markdown or baseline file could not be written: CI must not lose figures quietly."""
+        return bool(self.errors)
 
     def header(self, records: list[TestRecord] | None = None) -> str:
         state = self.state
@@ -124,26 +219,25 @@ class ReportWriter:
                 record.plot = str(plot_record(record, self.state.settings.vllm_plots))
             except ImportError:
                 message = "--vllm-plots needs matplotlib: pip install 'pytest-vllm-mem[plots]'"
-                if message not in self.errors:
-                    self.errors.append(message)
+                if message not in self.warnings:
+                    self.warnings.append(message)
             except (ValueError, OSError) as error:
-                self.errors.append(f"--vllm-plots {self.state.settings.vllm_plots}: no plot for {record.test_id}: "
-                                   f"{error}")
+                self.warnings.append(f"--vllm-plots {self.state.settings.vllm_plots}: no plot for "
+                                     f"{record.test_id}: {error}")
 
     def write_all(self, records: list[TestRecord]) -> None:
         settings = self.state.settings
         if settings.vllm_update_baseline:
-            entries = baseline_entries(records, self.config.rootpath)
             try:
-                BaselineStore(settings.vllm_baseline).update(entries)
-                self.baseline_written = len(entries)
+                self.baseline_written = self.state.gate.update(records, self.config.rootpath)
             except BaselineError as error:
                 self.errors.append(str(error))
         if settings.vllm_results:
             self._write(settings.vllm_results, json.dumps(self.results_document(records), indent=2) + "\n",
                         "--vllm-results")
         markdown_dir = settings.vllm_markdown.parent if settings.vllm_markdown else None
-        markdown = markdown_table(records, self.header(records), markdown_dir) if records else ""
+        markdown = (markdown_table(records, self.header(records), markdown_dir) + upgrade_markdown(records)
+                    if records else "")
         if settings.vllm_markdown and records:
             self._write(settings.vllm_markdown, markdown, "--vllm-markdown")
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
@@ -152,7 +246,7 @@ class ReportWriter:
                 with open(summary, "a") as handle:
                     handle.write(markdown)
             except OSError as error:
-                self.errors.append(f"could not append to GITHUB_STEP_SUMMARY={summary}: {error}")
+                self.warnings.append(f"could not append to GITHUB_STEP_SUMMARY={summary}: {error}")
 
     def environment(self, records: list[TestRecord]) -> dict[str, Any]:
         """Tier, device and vLLM of this run: from the session, or (pytest-xdist controller) from its records."""
@@ -174,23 +268,26 @@ class ReportWriter:
             **self.environment(records),
             "server_startups": len({(r.server_pid, r.startup.get("duration_s")) for r in records if r.server_pid}),
             "leaked_server_pids": getattr(state, "leaked", []),
+            "upgrades": upgrade_document(records),
             "tests": [record.to_dict() for record in records],
         }
 
     def _write(self, path: Path, text: str, option: str) -> None:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
             tmp.write_text(text)
             os.replace(tmp, path)
             self.written[option] = path
         except OSError as error:
+            if tmp.parent.is_dir():
+                tmp.unlink(missing_ok=True)
             self.errors.append(f"{option} {path}: could not write the file ({error.strerror or error}); "
                                "pass a path in a writable folder")
 
     def terminal_summary(self, terminal, records: list[TestRecord]) -> None:
         leaked = getattr(self.state, "leaked", [])
-        if not records and not leaked and not self.errors:
+        if not records and not leaked and not self.errors and not self.warnings:
             return
         terminal.section("vLLM memory and serving", sep="=")
         terminal.line(self.header(records))
@@ -205,12 +302,24 @@ class ReportWriter:
             if missing:
                 terminal.line(f"{len(missing)} test(s) have no baseline in {self.state.settings.vllm_baseline}: "
                               "record with --vllm-update-baseline")
+            for line in upgrade_lines(records):
+                terminal.line(line, **({"red": True} if " regressed " in f" {line} " else {}))
         if self.baseline_written is not None:
-            terminal.line(f"baseline: wrote {self.baseline_written} entries to {self.state.settings.vllm_baseline}")
+            versions = sorted({r.vllm_version or "unknown" for r in records if r.baseline_status == "updated"})
+            dropped = self.state.gate.store.dropped
+            pruned = (f"; dropped {len(dropped)} entries of older vLLM versions (the file keeps "
+                      f"{self.state.gate.store.keep_versions} per test, tier and device)") if dropped else ""
+            terminal.line(f"baseline: wrote {self.baseline_written} entries (vLLM {', '.join(versions) or '-'}) to "
+                          f"{self.state.settings.vllm_baseline}{pruned}")
         for option, path in self.written.items():
             terminal.line(f"{option.replace('--vllm-', '')}: {path}")
         if leaked:
             terminal.line(f"stopped {len(leaked)} vLLM server(s) still running at session end: pids {leaked}",
                           red=True)
+        for warning in self.warnings:
+            terminal.line(f"warning: {warning}", yellow=True)
         for error in self.errors:
             terminal.line(f"error: {error}", red=True)
+        if self.errors:
+            terminal.line("the run fails: a file it was asked to write was not written (see the errors above)",
+                          red=True)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from .metrics import record_samples
 
 if TYPE_CHECKING:
     from .diagnose import Diagnosis
@@ -32,10 +33,12 @@ class TestRecord:
     loads: list[dict[str, Any]] = field(default_factory=list)  # LoadResult.to_dict() per load
     failure: dict[str, Any] | None = None  # {"kind", "summary", "root_cause", "advice"}
     notes: list[str] = field(default_factory=list)  # emulation, overrides, leftover memory
-    comparisons: list[dict[str, Any]] = field(default_factory=list)  # baseline.Comparison as dicts
+    comparisons: list[dict[str, Any]] = field(default_factory=list)  # compare.Comparison.to_dict() per metric
+    baseline: dict[str, Any] | None = None  # compare.BaselineMatch.to_dict(): the entry compared with
     passed: bool | None = None  # the test's own outcome: only passing tests update baselines
     baseline_status: str = "none"  # "none" (gate off), "missing", "compared", "updated"
     plot: str | None = None
+    plan: dict[str, Any] | None = None  # plan.Plan.to_dict() of the launched config (preflight.py), or {"error": why}
     timeline: dict[str, Any] | None = None  # samples and markers, for plots (not written to results JSON)
 
     @property
@@ -47,6 +50,8 @@ class TestRecord:
             return "regressed"
         if self.passed is False:
             return "failed"
+        if self.startup.get("kind") == "planned":
+            return "planned"  # --vllm-preflight: predicted to fit, nothing measured
         return "ok" if self.startup.get("ok") else "not started"
 
     @property
@@ -55,33 +60,34 @@ class TestRecord:
         peaks += [load.get("peak_memory_bytes") or 0 for load in self.loads]
         return max(peaks)
 
+    @property
+    def peak_memory_per_gpu(self) -> list[int]:
+        """Each GPU's own peak over startup and loads, in the server's device order; [] on the CPU backend."""
+        columns = [self.startup.get("peak_memory_per_gpu") or []]
+        columns += [load.get("peak_memory_per_gpu") or [] for load in self.loads]
+        width = max(len(column) for column in columns)
+        return [max(column[i] for column in columns if i < len(column)) for i in range(width)]
+
+    @property
+    def largest_gpu_peak_bytes(self) -> int:
+        """What a tier limits: the fullest GPU's peak (a TP=2 server's total is spread over two cards); the total
+        where no per-GPU figures exist (the CPU backend, older records)."""
+        return max(self.peak_memory_per_gpu, default=self.peak_memory_bytes)
+
     def metrics(self) -> dict[str, float]:
-        """The gated metrics: medians over this test's loads (repeat=N), None-free."""
-        values: dict[str, float] = {}
-        if self.startup.get("peak_memory_bytes"):
-            values["startup_peak_memory"] = float(self.startup["peak_memory_bytes"])
-        if self.memory.get("kv_cache_tokens"):
-            values["kv_cache_tokens"] = float(self.memory["kv_cache_tokens"])
-        ok_loads = [load for load in self.loads if load.get("completed")]
-        pick = {
-            "load_peak_memory": lambda d: d.get("peak_memory_bytes"),
-            "output_throughput": lambda d: d.get("output_throughput"),
-            "request_throughput": lambda d: d.get("request_throughput"),
-            "ttft_p50": lambda d: d["ttft_ms"]["p50"],
-            "ttft_p99": lambda d: d["ttft_ms"]["p99"],
-            "tpot_p50": lambda d: d["tpot_ms"]["p50"],
-        }
-        for name, get in pick.items():
-            samples = [v for v in (get(load) for load in ok_loads) if v]
-            if samples:
-                values[name] = float(statistics.median(samples))
-        return values
+        """Every catalogue figure measured: the median over this test's completed loads (repeat=N) for load
+        figures, the server's value for startup figures."""
+        return {name: float(statistics.median(values)) for name, values in self.metric_samples().items()}
 
     def metric_samples(self) -> dict[str, list[float]]:
-        """Every load's value per metric: the spread a baseline stores next to the median."""
-        per_load = [TestRecord.metrics(_single(self, load)) for load in self.loads if load.get("completed")]
-        names = {name for metrics in per_load for name in metrics}
-        return {name: [m[name] for m in per_load if name in m] for name in sorted(names)}
+        """Every figure's samples: one per completed load, or one per server; the spread a baseline stores."""
+        return record_samples(self)
+
+    @property
+    def upgraded_from(self) -> str | None:
+        """The vLLM version of the baseline compared with, when it is not the version that ran."""
+        old = self.baseline.get("vllm_version") if self.baseline else None
+        return old if old and old != self.vllm_version else None
 
     def to_dict(self) -> dict[str, Any]:
         data = {k: v for k, v in self.__dict__.items() if k != "timeline"}
@@ -100,7 +106,3 @@ def failure_dict(diagnosis: "Diagnosis", advice: list[str], log_path: Path | Non
     """A failure as the record (and the results JSON) keeps it."""
     return {"kind": diagnosis.kind, "summary": diagnosis.summary, "root_cause": list(diagnosis.root_cause),
             "advice": list(advice), "log": str(log_path) if log_path else None}
-
-
-def _single(record: TestRecord, load: dict[str, Any]) -> TestRecord:
-    return dataclasses.replace(record, loads=[load], comparisons=[], timeline=None)

@@ -7,25 +7,27 @@ from pathlib import Path
 
 import pytest
 
-from pytest_vllm_mem.baseline import (
-    METRICS,
+from pytest_vllm_mem.baseline_store import (
+    KEEP_VERSIONS,
     BaselineEntry,
     BaselineError,
     BaselineStore,
-    Comparison,
     EnvKey,
-    Tolerance,
-    ToleranceError,
-    compare,
-    format_gate_failure,
-    gate_failures,
     git_commit,
     median,
+    spread_range,
+)
+from pytest_vllm_mem.compare import Comparison, compare, format_gate_failure, gate_failures
+from pytest_vllm_mem.metrics import (
+    GATED,
+    METRICS,
+    Tolerance,
+    ToleranceError,
     parse_tolerance,
     parse_tolerance_mapping,
     parse_tolerance_spec,
+    record_samples,
     resolve_tolerances,
-    spread_range,
 )
 
 ENV = EnvKey("24gb", "NVIDIA L4", "0.32.0")
@@ -35,11 +37,11 @@ GIB = 2**30
 
 def entry(test_id: str = "tests/test_x.py::test_a", metrics: dict[str, float] | None = None, **kw) -> BaselineEntry:
     defaults = dict(
-        spread={}, runs=3, config="vllm serve m --max-model-len 2048", recorded_at="2026-11-30T05:00:00Z",
+        env=ENV, spread={}, runs=3, config="vllm serve m --max-model-len 2048", recorded_at="2026-11-30T05:00:00Z",
         commit="abc1234", host="ci-1",
     )
     defaults.update(kw)
-    return BaselineEntry(test_id=test_id, env=ENV, metrics=metrics or {"output_throughput": 1000.0}, **defaults)
+    return BaselineEntry(test_id=test_id, metrics=metrics or {"output_throughput": 1000.0}, **defaults)
 
 
 # ---------------------------------------------------------------------------------------------- tolerance parsing
@@ -120,7 +122,7 @@ def test_parse_tolerance_spec() -> None:
 @pytest.mark.parametrize(
     "text, fragment",
     [
-        ("throughput=15%", "Known metrics: startup_peak_memory, load_peak_memory"),
+        ("throughput=15%", "Known metrics: kv_cache_tokens, startup_peak_memory, load_peak_memory"),
         ("output_throughput", "is not METRIC=TOLERANCE"),
         ("output_throughput=", "is not METRIC=TOLERANCE"),
         ("output_throughput=5%,output_throughput=6%", "given twice"),
@@ -155,11 +157,11 @@ def test_precedence_marker_over_cli_over_ini_over_default() -> None:
     assert resolved["ttft_p50"].relative == pytest.approx(0.22)
     assert resolved["tpot_p50"].relative == pytest.approx(0.31)
     assert resolved["load_peak_memory"] == METRICS["load_peak_memory"].default_tolerance
-    assert set(resolved) == set(METRICS)
+    assert set(resolved) == set(GATED)
 
 
 def test_default_tolerances() -> None:
-    relative = {name: m.default_tolerance.relative for name, m in METRICS.items()}
+    relative = {name: m.default_tolerance.relative for name, m in METRICS.items() if m.default_tolerance}
     assert relative == {
         "startup_peak_memory": 0.05, "load_peak_memory": 0.05, "kv_cache_tokens": 0.05,
         "output_throughput": 0.10, "request_throughput": 0.10,
@@ -193,7 +195,8 @@ def test_relative_vs_absolute() -> None:
 
 def test_compare_statuses_and_strict_gate() -> None:
     base = entry(metrics={"output_throughput": 1000.0, "load_peak_memory": 10 * GIB, "ttft_p50": 100.0})
-    now = {"output_throughput": 1200.0, "load_peak_memory": 11 * GIB, "ttft_p50": 110.0, "kv_cache_tokens": 5000}
+    now = {"output_throughput": [1200.0], "load_peak_memory": [11 * GIB], "ttft_p50": [110.0],
+           "kv_cache_tokens": [5000]}
     by_name = {c.metric: c for c in compare(base, now, resolve_tolerances({}, {}, {}))}
     assert by_name["output_throughput"].status == "improved"
     assert by_name["output_throughput"].change_pct == pytest.approx(20.0)
@@ -206,14 +209,14 @@ def test_compare_statuses_and_strict_gate() -> None:
 
 
 def test_improvement_beyond_tolerance_fails_only_in_strict() -> None:
-    comparisons = compare(entry(metrics={"ttft_p50": 100.0}), {"ttft_p50": 50.0}, {})
+    comparisons = compare(entry(metrics={"ttft_p50": 100.0}), {"ttft_p50": [50.0]}, {})
     assert [c.status for c in comparisons] == ["improved"]
     assert gate_failures(comparisons, strict=False) == []
     assert gate_failures(comparisons, strict=True) == comparisons
 
 
 def test_missing_baseline_is_new_and_never_fails() -> None:
-    comparisons = compare(None, {"output_throughput": 1.0, "load_peak_memory": 1e12}, {})
+    comparisons = compare(None, {"output_throughput": [1.0], "load_peak_memory": [1e12]}, {})
     assert {c.status for c in comparisons} == {"new"}
     assert gate_failures(comparisons, strict=True) == []
     assert comparisons[0].message() == "load_peak_memory: 931.32 GiB now, no baseline value yet"
@@ -221,7 +224,7 @@ def test_missing_baseline_is_new_and_never_fails() -> None:
 
 def test_compare_skips_unknown_and_unmeasured_metrics_and_handles_zero_baseline() -> None:
     base = entry(metrics={"kv_cache_tokens": 0, "ttft_p99": 10.0})
-    comparisons = compare(base, {"kv_cache_tokens": 10, "custom_metric": 3.0, "tpot_p50": float("nan")}, {})
+    comparisons = compare(base, {"kv_cache_tokens": [10], "custom_metric": [3.0], "tpot_p50": [float("nan")]}, {})
     assert [(c.metric, c.status, c.change_pct) for c in comparisons] == [("kv_cache_tokens", "improved", None)]
     assert "(from 0," in comparisons[0].message()
 
@@ -230,19 +233,22 @@ def test_comparison_message() -> None:
     c = Comparison("output_throughput", 1204.5, 812.3, (812.3 - 1204.5) / 1204.5 * 100,
                    Tolerance(relative=0.1, unit="tok/s"), "regressed")
     assert c.message() == "output_throughput: 812.3 tok/s now vs 1,204.5 tok/s baseline (-32.6%, tolerance 10%)"
-    mem = compare(entry(metrics={"load_peak_memory": 5 * GIB}), {"load_peak_memory": 5.5 * GIB},
+    mem = compare(entry(metrics={"load_peak_memory": 5 * GIB}), {"load_peak_memory": [5.5 * GIB]},
                   {"load_peak_memory": Tolerance(absolute=256 * MIB, unit="bytes")})[0]
-    assert mem.message() == "load_peak_memory: 5.50 GiB now vs 5.00 GiB baseline (+10.0%, tolerance 256 MiB)"
+    assert mem.message() == ("load_peak_memory: 5.50 GiB now vs 5.00 GiB baseline on vLLM 0.32.0 (+10.0%, "
+                             "tolerance 256 MiB)")
 
 
 def test_format_gate_failure_has_provenance() -> None:
     base = entry(metrics={"output_throughput": 1000.0}, spread={"output_throughput": [980.0, 1000.0, 1010.0]})
-    failures = gate_failures(compare(base, {"output_throughput": 700.0}, {}), strict=False)
+    failures = gate_failures(compare(base, {"output_throughput": [700.0]}, {}), strict=False)
     text = format_gate_failure("tests/test_x.py::test_a", failures, base, hint="rerun with --update to accept")
     assert text.splitlines()[0] == (
         "tests/test_x.py::test_a: 1 metric outside tolerance of the baseline for 24gb|NVIDIA L4|vllm 0.32.0"
     )
-    assert "regressed  output_throughput: 700.0 tok/s now vs 1,000.0 tok/s baseline (-30.0%, tolerance 10%)" in text
+    assert ("regressed  output_throughput: 700.0 tok/s now vs 1,000.0 tok/s baseline on vLLM 0.32.0 (-30.0%, "
+            "tolerance 10%)") in text
+    assert "compared across" not in text  # same version: no upgrade line
     assert "baseline runs ranged 980.0 tok/s .. 1,010.0 tok/s" in text
     assert "baseline recorded 2026-11-30T05:00:00Z on host ci-1, commit abc1234, 3 runs, vLLM 0.32.0" in text
     assert "baseline config: vllm serve m --max-model-len 2048" in text
@@ -260,16 +266,19 @@ def test_env_key_round_trip_and_separator() -> None:
     assert EnvKey.from_str(odd.as_str()) == odd
 
 
-def test_entry_from_runs_uses_medians_and_keeps_spread() -> None:
-    runs = [{"output_throughput": 900.0, "ttft_p50": float("nan")}, {"output_throughput": 1100.0},
-            {"output_throughput": 1000.0, "ttft_p50": 40.0}]
-    made = BaselineEntry.from_runs("t", ENV, runs, config="c", commit=None, host="h")
-    assert made.metrics == {"output_throughput": 1000.0, "ttft_p50": 40.0}
-    assert made.spread == {"output_throughput": [900.0, 1100.0, 1000.0], "ttft_p50": [40.0]}
+def test_entry_from_samples_uses_medians_and_keeps_spread() -> None:
+    samples = {"output_throughput": [900.0, 1100.0, 1000.0], "ttft_p50": [float("nan"), 40.0],
+               "kv_cache_tokens": [5000.0], "tpot_p50": [float("inf")]}
+    made = BaselineEntry.from_samples("t", ENV, samples, config="c", commit=None, host="h")
+    assert made.metrics == {"kv_cache_tokens": 5000.0, "output_throughput": 1000.0, "ttft_p50": 40.0}
+    assert made.spread == {"kv_cache_tokens": [5000.0], "output_throughput": [900.0, 1100.0, 1000.0],
+                           "ttft_p50": [40.0]}
     assert made.runs == 3 and made.recorded_at.endswith("Z")
     assert median([3, 1, 2, 10]) == 2.5 and spread_range([3.0, 1.0, 2.0]) == (1.0, 3.0)
     with pytest.raises(ValueError):
         median([])
+    with pytest.raises(ValueError, match="no measured values"):
+        BaselineEntry.from_samples("t", ENV, {"ttft_p50": [float("nan")]}, config="c")
 
 
 # --------------------------------------------------------------------------------------------------------- store
@@ -391,3 +400,108 @@ def test_two_processes_updating_concurrently_lose_nothing(tmp_path: Path) -> Non
 def test_git_commit(tmp_path: Path) -> None:
     assert git_commit(tmp_path) is None  # not a repository: quietly None
     assert git_commit(tmp_path / "missing") is None
+
+
+def test_update_into_an_unwritable_place_is_a_baseline_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    store = BaselineStore(blocker / "baselines.json")  # its folder cannot exist: a file is in the way
+    with pytest.raises(BaselineError) as info:
+        store.update([entry()])
+    message = str(info.value)
+    assert str(blocker / "baselines.json") in message and "could not be written" in message
+    assert "--vllm-baseline" in message and "\n" not in message
+
+
+# ---------------------------------------------------------------------------------------------------- catalogue
+
+
+class FakeRecord:
+    def __init__(self, startup: dict, memory: dict, loads: list[dict]) -> None:
+        self.startup, self.memory, self.loads = startup, memory, loads
+
+
+def test_every_metric_reads_itself_from_a_record() -> None:
+    load = {"completed": 8, "peak_memory_bytes": 3 * GIB, "output_throughput": 100.0, "request_throughput": 2.0,
+            "ttft_ms": {"p50": 40.0, "p99": 90.0}, "tpot_ms": {"p50": 9.0}}
+    record = FakeRecord(
+        startup={"ok": True, "duration_s": 31.5, "peak_memory_bytes": 2 * GIB},
+        memory={"weights_gib": 0.5, "kv_cache_gib": 1.25, "kv_cache_tokens": 108_160, "max_concurrency": 52.81,
+                "graph_capture_gib": 0.0, "requested_gib": 1.05, "device_total_gib": 10.46},
+        loads=[load, {**load, "output_throughput": 300.0}, {**load, "completed": 0, "output_throughput": 9e9}],
+    )
+    samples = record_samples(record)
+    assert samples["output_throughput"] == [100.0, 300.0]  # one per completed load; the failed load is left out
+    assert samples["ttft_p99"] == [90.0, 90.0] and samples["tpot_p50"] == [9.0, 9.0]
+    assert samples["startup_peak_memory"] == [2 * GIB]  # one per server
+    assert samples["weights_memory"] == [0.5 * GIB] and samples["kv_cache_memory"] == [1.25 * GIB]
+    assert samples["device_memory"] == [10.46 * GIB] and samples["startup_time"] == [31.5]
+    assert "graph_memory" not in samples  # 0.0: vLLM captured no graphs, nothing to compare
+    assert list(samples) == [name for name in METRICS if name in samples]  # catalogue order
+    assert all(METRICS[name].gated == (METRICS[name].default_tolerance is not None) for name in METRICS)
+
+
+def test_a_report_only_figure_takes_no_tolerance() -> None:
+    with pytest.raises(ToleranceError) as info:
+        parse_tolerance_spec("weights_memory=5%", source="--vllm-tolerance")
+    assert "report-only figure" in str(info.value) and "Gated metrics: kv_cache_tokens, startup_peak_memory" in str(info.value)
+    with pytest.raises(ToleranceError, match="report-only"):
+        parse_tolerance_mapping({"max_concurrency": "5%"})
+
+
+# ------------------------------------------------------------------------------------------------ schema, retention
+
+
+def test_a_future_schema_is_one_paragraph_naming_file_and_schemas(tmp_path: Path) -> None:
+    path = tmp_path / "baselines.json"
+    path.write_text('{"schema": 7, "baselines": {"t": {"x": "a layout this version cannot know"}}}')
+    with pytest.raises(BaselineError) as info:
+        BaselineStore(path).load()
+    message = str(info.value)
+    assert str(path) in message and "schema 7" in message and "reads schema 1" in message
+    assert "newer pytest-vllm-mem" in message and "\n" not in message
+
+
+def test_a_file_written_before_the_upgrade_report_keeps_loading(tmp_path: Path) -> None:
+    # The layout of the plugin's first release: the eight gated metrics only.
+    old = {"metrics": {"output_throughput": 1000.0, "kv_cache_tokens": 5000.0}, "runs": 1, "config": "c",
+           "recorded_at": "2026-11-30T05:00:00Z", "commit": None, "host": "h",
+           "spread": {"output_throughput": [1000.0], "kv_cache_tokens": [5000.0]}}
+    path = tmp_path / "baselines.json"
+    path.write_text(json.dumps({"schema": 1, "baselines": {"t": {ENV.as_str(): old}}}))
+    loaded = BaselineStore(path).get("t", ENV)
+    assert loaded is not None and loaded.metrics["kv_cache_tokens"] == 5000.0
+    by_name = {c.metric: c for c in compare(loaded, {"kv_cache_tokens": [5000.0], "weights_memory": [GIB]}, {})}
+    assert by_name["kv_cache_tokens"].status == "ok" and by_name["weights_memory"].status == "new"
+
+
+def _env(version: str, tier: str = "24gb") -> EnvKey:
+    return EnvKey(tier, "NVIDIA L4", version)
+
+
+def test_update_keeps_the_newest_versions_per_test_tier_and_device(tmp_path: Path) -> None:
+    path = tmp_path / "baselines.json"
+    store = BaselineStore(path)
+    versions = ["0.9.2", "0.10.2", "0.11.0", "0.27.1"]
+    assert KEEP_VERSIONS == 3
+    for version in versions:
+        store.update([entry(env=_env(version)), entry("other", env=_env(version))])
+    store.update([entry(env=_env("0.9.2", tier="80gb"))])  # another tier: its own versions
+    loaded = BaselineStore(path).load()
+    kept = sorted(env for (test_id, env) in loaded if test_id == "tests/test_x.py::test_a")
+    assert kept == sorted([_env("0.10.2").as_str(), _env("0.11.0").as_str(), _env("0.27.1").as_str(),
+                           _env("0.9.2", tier="80gb").as_str()])
+    assert ("other", _env("0.9.2").as_str()) not in loaded and ("other", _env("0.10.2").as_str()) in loaded
+    # Writing an older version (a branch still on it) keeps it, and drops the oldest of the others.
+    store.update([entry(env=_env("0.8.5"))])
+    assert store.dropped == [("tests/test_x.py::test_a", _env("0.10.2").as_str())]
+    kept = {env for (test_id, env) in BaselineStore(path).load() if test_id == "tests/test_x.py::test_a"}
+    assert _env("0.8.5").as_str() in kept and _env("0.10.2").as_str() not in kept and len(kept) == 4
+
+
+def test_versions_that_do_not_parse_are_dropped_first(tmp_path: Path) -> None:
+    path = tmp_path / "baselines.json"
+    store = BaselineStore(path, keep_versions=2)
+    for version in ("unknown", "0.27.1", "0.32.0"):
+        store.update([entry(env=_env(version))])
+    assert store.dropped == [("tests/test_x.py::test_a", _env("unknown").as_str())]

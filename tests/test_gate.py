@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from pytest_vllm_mem.baseline import BaselineEntry, BaselineStore, Tolerance
-from pytest_vllm_mem.gate import baseline_entries, env_key, evaluate_record, tier_problem
+from pytest_vllm_mem.baseline_store import BaselineEntry, BaselineStore, EnvKey
+from pytest_vllm_mem.gate import Gate, env_key, evaluate_record, tier_problem
+from pytest_vllm_mem.metrics import Tolerance
 from pytest_vllm_mem.results import TestRecord
 from pytest_vllm_mem.settings import UsageError
 
@@ -48,14 +49,16 @@ class FakeState:
 
     settings: FakeSettings
     tier: Any = field(default_factory=lambda: SimpleNamespace(auto=False))
-    tolerances_cli: dict[str, Tolerance] = field(default_factory=dict)
-    tolerances_ini: dict[str, Tolerance] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.gate = Gate(self.settings)
 
 
-def write_baseline(path: Path, record: TestRecord, **changes: float) -> None:
-    metrics = {**record.metrics(), **changes}
-    entry = BaselineEntry.from_runs(record.test_id, env_key(record), [metrics], config=record.launched,
-                                    commit="abc1234", host="ci-runner-7", recorded_at="2026-01-02T03:04:05Z")
+def write_baseline(path: Path, record: TestRecord, version: str | None = None, **changes: float) -> None:
+    samples = {**record.metric_samples(), **{name: [value] for name, value in changes.items()}}
+    env = env_key(record) if version is None else EnvKey(record.tier, record.device, version)
+    entry = BaselineEntry.from_samples(record.test_id, env, samples, config=record.launched,
+                                       commit="abc1234", host="ci-runner-7", recorded_at="2026-01-02T03:04:05Z")
     BaselineStore(path).update([entry])
 
 
@@ -88,7 +91,7 @@ def test_memory_regression_names_bytes(state: FakeState, baseline: Path) -> None
     write_baseline(baseline, make_record())
     failure = evaluate_record(state, make_record(load(peak=6 * GIB)), {})
     assert failure is not None
-    assert "load_peak_memory: 6.00 GiB now vs 5.00 GiB baseline (+20.0%, tolerance 5%)" in failure
+    assert "load_peak_memory: 6.00 GiB now vs 5.00 GiB baseline on vLLM 0.32.0 (+20.0%, tolerance 5%)" in failure
 
 
 def test_within_tolerance_passes(state: FakeState, baseline: Path) -> None:
@@ -96,8 +99,9 @@ def test_within_tolerance_passes(state: FakeState, baseline: Path) -> None:
     record = make_record(load(throughput=950.0))
     assert evaluate_record(state, record, {}) is None
     assert record.baseline_status == "compared"
-    assert all(c["status"] == "ok" for c in record.comparisons)
-    assert all(isinstance(c["tolerance"], str) and c["message"] for c in record.comparisons)
+    assert {c["metric"]: c["status"] for c in record.comparisons}["startup_time"] == "info"  # reported, not gated
+    assert all(c["status"] == "ok" for c in record.comparisons if c["metric"] != "startup_time")
+    assert all(isinstance(c["tolerance"], str) and c["message"] for c in record.comparisons if c["status"] == "ok")
 
 
 def test_missing_baseline_passes_and_is_marked(state: FakeState) -> None:
@@ -138,12 +142,12 @@ def test_improvement_passes_unless_strict(state: FakeState, baseline: Path) -> N
 def test_tolerance_layers_marker_beats_cli_beats_ini(state: FakeState, baseline: Path) -> None:
     write_baseline(baseline, make_record())
     now = load(throughput=800.0)  # -20%
-    state.tolerances_ini = {"output_throughput": Tolerance(relative=0.01)}
-    state.tolerances_cli = {"output_throughput": Tolerance(relative=0.25)}
+    state.gate.ini = {"output_throughput": Tolerance(relative=0.01)}
+    state.gate.cli = {"output_throughput": Tolerance(relative=0.25)}
     assert evaluate_record(state, make_record(now), {}) is None
     failure = evaluate_record(state, make_record(now), {"output_throughput": Tolerance(relative=0.05)})
     assert failure is not None and "tolerance 5%" in failure
-    state.tolerances_cli = {}
+    state.gate.cli = {}
     failure = evaluate_record(state, make_record(now), {})
     assert failure is not None and "tolerance 1%" in failure
 
@@ -201,7 +205,7 @@ def test_baseline_entries_only_for_passed_updated_records(tmp_path: Path) -> Non
     empty.baseline_status = "updated"
     empty.startup, empty.memory, empty.loads = {"ok": False}, {}, []
 
-    [entry] = baseline_entries([updated, failed, compared, empty], tmp_path)
+    [entry] = Gate(FakeSettings(tmp_path / "b.json")).entries([updated, failed, compared, empty], tmp_path)
     assert entry.test_id == TEST_ID
     assert entry.env == env_key(updated)
     assert entry.config == updated.launched
@@ -210,6 +214,7 @@ def test_baseline_entries_only_for_passed_updated_records(tmp_path: Path) -> Non
     assert entry.metrics["output_throughput"] == 1000.0
     assert entry.spread["output_throughput"] == [900.0, 1000.0, 1100.0]
     assert entry.metrics["startup_peak_memory"] == 4 * GIB
+    assert entry.spread["startup_peak_memory"] == [4 * GIB]  # one server: one value, not one copy per load
     assert entry.metrics["kv_cache_tokens"] == 10_000
     assert entry.metrics == updated.metrics()
 
@@ -222,7 +227,7 @@ def test_baseline_entries_record_the_commit(tmp_path: Path) -> None:
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "x")
     record = make_record()
     record.baseline_status = "updated"
-    [entry] = baseline_entries([record], tmp_path)
+    [entry] = Gate(FakeSettings(tmp_path / "b.json")).entries([record], tmp_path)
     assert entry.commit and len(entry.commit) >= 7
 
 
@@ -230,9 +235,45 @@ def test_entries_round_trip_through_the_store(state: FakeState, baseline: Path, 
     record = make_record()
     state.settings.vllm_update_baseline = True
     assert evaluate_record(state, record, {}) is None
-    BaselineStore(baseline).update(baseline_entries([record], tmp_path))
+    assert state.gate.update([record], tmp_path) == 1
     state.settings.vllm_update_baseline = False
     again = make_record()
     assert evaluate_record(state, again, {}) is None
     assert again.baseline_status == "compared"
-    assert {c["status"] for c in again.comparisons} == {"ok"}
+    assert {c["status"] for c in again.comparisons} == {"ok", "info"}
+
+
+# -------------------------------------------------------------------------------------------------- across versions
+
+
+def test_no_entry_for_the_running_vllm_compares_with_the_previous_release(state: FakeState, baseline: Path) -> None:
+    write_baseline(baseline, make_record(), version="0.27.1")  # 1,000 tok/s on the release upgraded from
+    write_baseline(baseline, make_record(), version="0.33.0", output_throughput=5000.0)  # newer: not chosen
+    record = make_record(load(throughput=215.0))  # running 0.32.0
+    failure = evaluate_record(state, record, {})
+    assert failure is not None
+    assert "compared across the vLLM upgrade 0.27.1 -> 0.32.0" in failure
+    assert "215.0 tok/s now vs 1,000.0 tok/s baseline on vLLM 0.27.1" in failure
+    assert record.baseline_status == "compared" and record.outcome == "regressed"
+    assert record.baseline is not None and record.baseline["vllm_version"] == "0.27.1"
+    assert record.baseline["exact"] is False and record.upgraded_from == "0.27.1"
+    assert {c["baseline_version"] for c in record.comparisons} == {"0.27.1"}
+
+
+def test_update_mode_still_compares_for_the_upgrade_report(state: FakeState, baseline: Path, tmp_path: Path) -> None:
+    write_baseline(baseline, make_record(), version="0.27.1")
+    state.settings.vllm_update_baseline = True
+    record = make_record(load(throughput=215.0))
+    assert evaluate_record(state, record, {}) is None
+    assert record.baseline_status == "updated" and record.upgraded_from == "0.27.1"
+    assert state.gate.update([record], tmp_path) == 1
+    stored = BaselineStore(baseline).entries_for(record.test_id)
+    assert sorted(env.vllm_version for env in stored) == ["0.27.1", "0.32.0"]  # the new version is recorded
+
+
+def test_the_session_reads_the_baseline_file_once(state: FakeState, baseline: Path) -> None:
+    write_baseline(baseline, make_record())
+    assert evaluate_record(state, make_record(), {}) is None
+    baseline.write_text("[1, 2]")  # changed (or broken) behind the session's back: the session keeps what it read
+    assert evaluate_record(state, make_record(test_id="t.py::test_other"), {}) is None
+    assert FakeState(state.settings).gate.store is not state.gate.store

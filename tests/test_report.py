@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from pytest_vllm_mem.baseline import BaselineStore
-from pytest_vllm_mem.gate import env_key
-from pytest_vllm_mem.report import COLUMNS, ReportWriter, baseline_cell, format_table, markdown_table, table_rows
+from pytest_vllm_mem.baseline_store import BaselineEntry, BaselineStore, EnvKey
+from pytest_vllm_mem.gate import Gate, env_key
+from pytest_vllm_mem.report import (COLUMNS, ReportWriter, baseline_cell, format_table, markdown_table, table_rows,
+                                    upgrade_lines, upgrade_markdown)
 from pytest_vllm_mem.results import TestRecord
 
 GIB = 2**30
@@ -154,6 +155,8 @@ class FakeSettings:
     vllm_markdown: Path | None = None
     vllm_plots: Path | None = None
     vllm_update_baseline: bool = False
+    vllm_require_baseline: bool = False
+    vllm_strict: bool = False
 
 
 @dataclass
@@ -169,6 +172,7 @@ class FakeState:
         self._device = self.device = SimpleNamespace(name="NVIDIA L4", backend="cuda", total_bytes=24_150_000_000)
         self._parser = self.parser_table = SimpleNamespace(version="0.32.0")
         self._pool = self.pool = SimpleNamespace(startups=2)
+        self.gate = Gate(self.settings)
 
 
 class FakeTerminal:
@@ -230,7 +234,7 @@ def test_write_all_updates_the_baseline(writer: ReportWriter, tmp_path: Path) ->
     updated = make_record(baseline_status="updated")
     failed = make_record("t::failed", baseline_status="updated", passed=False)
     writer.write_all([updated, failed])
-    assert writer.baseline_written == 1
+    assert writer.baseline_written == 1 and not writer.failed
     entry = BaselineStore(tmp_path / "baselines.json").get(updated.test_id, env_key(updated))
     assert entry is not None and entry.metrics == updated.metrics()
 
@@ -242,6 +246,40 @@ def test_write_errors_are_collected_not_raised(writer: ReportWriter, tmp_path: P
     writer.write_all([make_record()])
     [error] = writer.errors
     assert error.startswith(f"--vllm-results {blocker / 'results.json'}: could not write the file")
+    assert writer.failed  # the plugin turns this into a non-zero exit
+
+
+def test_a_baseline_that_cannot_be_written_fails_the_run(writer: ReportWriter, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    writer.state.settings.vllm_update_baseline = True
+    writer.state.gate = Gate(FakeSettings(blocker / "baselines.json"))
+    writer.write_all([make_record(baseline_status="updated")])
+    assert writer.failed and writer.baseline_written is None
+    [error] = writer.errors
+    assert str(blocker / "baselines.json") in error and "could not be written" in error
+    terminal = FakeTerminal()
+    writer.terminal_summary(terminal, [make_record()])
+    assert ("the run fails: a file it was asked to write was not written (see the errors above)",
+            {"red": True}) in terminal.lines
+
+
+def test_a_missing_plot_library_is_a_warning_not_a_failure(writer: ReportWriter,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name.startswith("matplotlib"):
+            raise ImportError("no matplotlib")
+        return real_import(name, *args, **kwargs)
+
+    writer.state.settings.vllm_plots = Path("plots")
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    writer.finish_record(make_record(timeline={"samples": []}))
+    assert writer.warnings == ["--vllm-plots needs matplotlib: pip install 'pytest-vllm-mem[plots]'"]
+    assert not writer.failed
 
 
 def test_terminal_summary(writer: ReportWriter) -> None:
@@ -267,3 +305,85 @@ def test_terminal_summary_is_silent_without_records(writer: ReportWriter) -> Non
     terminal = FakeTerminal()
     writer.terminal_summary(terminal, [])
     assert terminal.lines == []
+
+
+# ---------------------------------------------------------------------------------------------------------- upgrade
+
+
+def upgraded_record(writer: ReportWriter, tmp_path: Path, throughput: float = 1234.4) -> TestRecord:
+    """A 0.32.0 record compared by the real gate with a baseline recorded on vLLM 0.27.1."""
+    old = make_record(memory={"kv_cache_tokens": 100_000, "kv_cache_gib": 1.5, "weights_gib": 0.5,
+                              "max_concurrency": 48.8})
+    samples = {**old.metric_samples(), "output_throughput": [1500.0]}
+    entry = BaselineEntry.from_samples(old.test_id, EnvKey("24gb", "NVIDIA L4", "0.27.1"), samples, config="c",
+                                       commit="abc1234", host="ci-1", recorded_at="2026-11-30T05:00:00Z")
+    BaselineStore(writer.state.settings.vllm_baseline).update([entry])
+    record = make_record("tests/test_a.py::test_chat[tiny]", load(throughput=throughput),
+                         memory={"kv_cache_tokens": 123_456, "kv_cache_gib": 1.85, "weights_gib": 0.5,
+                                 "max_concurrency": 60.3})
+    writer.state.gate.evaluate(record, {}, tier_is_auto=False)
+    return record
+
+
+def test_upgrade_report_shows_every_figure_old_vs_new(writer: ReportWriter, tmp_path: Path) -> None:
+    record = upgraded_record(writer, tmp_path)
+    lines = upgrade_lines([record, make_record("t::same_version")])
+    text = "\n".join(lines)
+    assert lines[0] == ("vLLM upgrade 0.27.1 -> 0.32.0: 1 test compared with the vLLM 0.27.1 baseline "
+                        "(no 0.32.0 entry yet)")
+    assert "test_chat[tiny]: baseline 24gb|NVIDIA L4|vllm 0.27.1, recorded 2026-11-30T05:00:00Z, commit abc1234" in text
+    header = lines[2].split()
+    assert header == ["figure", "vLLM", "0.27.1", "vLLM", "0.32.0", "change", "status"]
+    rows = {line.split()[0]: line for line in lines[4:]}
+    for figure in ("startup_peak_memory", "load_peak_memory", "kv_cache_tokens", "output_throughput",
+                   "request_throughput", "ttft_p50", "ttft_p99", "tpot_p50", "weights_memory", "kv_cache_memory",
+                   "max_concurrency", "startup_time"):
+        assert figure in rows, figure
+    assert rows["kv_cache_tokens"].split()[1:] == ["100,000", "tokens", "123,456", "tokens", "+23.5%", "improved",
+                                                    "(tolerance", "5%)"]
+    assert "1.50 GiB" in rows["kv_cache_memory"] and "1.85 GiB" in rows["kv_cache_memory"]
+    assert rows["kv_cache_memory"].endswith("reported")
+    assert "-17.7%" in rows["output_throughput"] and "regressed (tolerance 10%)" in rows["output_throughput"]
+
+
+def test_upgrade_report_in_markdown_json_and_terminal(writer: ReportWriter, tmp_path: Path) -> None:
+    record = upgraded_record(writer, tmp_path)
+    markdown = upgrade_markdown([record])
+    assert markdown.startswith("#### vLLM upgrade 0.27.1 -> 0.32.0")
+    assert "| figure | vLLM 0.27.1 | vLLM 0.32.0 | change | status |" in markdown
+    assert "| kv_cache_tokens | 100,000 tokens | 123,456 tokens | +23.5% | improved (tolerance 5%) |" in markdown
+    [upgrade] = writer.results_document([record])["upgrades"]
+    assert upgrade["from"] == "0.27.1" and upgrade["to"] == "0.32.0" and upgrade["baseline"]["exact"] is False
+    figures = {f["metric"]: f for f in upgrade["figures"]}
+    assert figures["weights_memory"]["status"] == "info" and figures["weights_memory"]["baseline"] == 0.5 * GIB
+    terminal = FakeTerminal()
+    writer.terminal_summary(terminal, [record])
+    texts = [text for text, _ in terminal.lines]
+    assert any(text.startswith("vLLM upgrade 0.27.1 -> 0.32.0") for text in texts)
+    assert "(vs vLLM 0.27.1)" in texts[4]  # the row's baseline cell names the version
+    regressed = [markup for text, markup in terminal.lines if text.strip().startswith("output_throughput")]
+    assert regressed == [{"red": True}]
+    writer.write_all([record])
+    assert "#### vLLM upgrade 0.27.1 -> 0.32.0" in (tmp_path / "summary.md").read_text()
+
+
+def test_no_upgrade_report_without_a_version_change(writer: ReportWriter, tmp_path: Path) -> None:
+    record = make_record()
+    writer.state.gate.evaluate(record, {}, tier_is_auto=False)
+    assert upgrade_lines([record]) == [] and upgrade_markdown([record]) == ""
+    assert writer.results_document([record])["upgrades"] == []
+
+
+def test_an_unwritable_results_file_fails_the_pytest_run(pytester: pytest.Pytester) -> None:
+    # The inner test passes and starts no server; only the results file cannot be written (a file blocks its folder).
+    pytester.makepyfile(test_inner="def test_a():\n    pass\n")
+    (pytester.path / "blocker").write_text("")
+    target = pytester.path / "blocker" / "results.json"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--vllm-results={target}")
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    output = result.stdout.str()
+    assert f"error: --vllm-results {target}: could not write the file" in output
+    assert "the run fails: a file it was asked to write was not written" in output
+    ok = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--vllm-results={pytester.path / 'r.json'}")
+    assert ok.ret == pytest.ExitCode.OK and json.loads((pytester.path / "r.json").read_text())["tests"] == []
