@@ -67,28 +67,11 @@ class LoadSpec:
 
 # ---- server ---------------------------------------------------------------------------------------------------------
 
-class _EmptyPytestConfig:
-    """What Settings.from_pytest reads, for a session with no ini file and only the given options."""
-
-    def __init__(self, options: dict[str, Any]) -> None:
-        self.rootpath = Path.cwd()
-        self.options = options
-
-    def getoption(self, name: str) -> Any:
-        return self.options.get(name)
-
-    def getini(self, name: str) -> Any:
-        from pytest_vllm_mem.settings import OPTIONS
-
-        return next((o.default for o in OPTIONS if o.name == name and o.kind == "bool"), None)  # pytest: bool ini
-
-
 def plugin_settings(cache_dir: Path | None, log_dir: Path) -> Any:
-    """Settings as the plugin builds them for `pytest --vllm-log-dir=... [--vllm-cache-dir=...]`."""
+    """Settings as the plugin builds them for `pytest --vllm-log-dir=... [--vllm-cache-dir=...]` with no ini file."""
     from pytest_vllm_mem.settings import Settings
 
-    options = {"vllm_log_dir": str(log_dir), **({"vllm_cache_dir": str(cache_dir)} if cache_dir else {})}
-    return Settings.from_pytest(_EmptyPytestConfig(options))
+    return Settings.from_values({"vllm_log_dir": log_dir, "vllm_cache_dir": cache_dir}, Path.cwd())
 
 
 def start_tiny_server(log_dir: Path, cache_dir: Path | None = None, **flags: Any) -> tuple[Any, Any]:

@@ -7,14 +7,13 @@ server and exits 130; exit 0 when a utilization was recommended, 1 when none in 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import signal
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from .settings import OPTIONS, Settings, UsageError, default_cache_dir
+from .settings import Settings, UsageError
 from .tiers import TierError, parse_tier
 from .tune import (DEFAULT_MAX_STARTUPS, DEFAULT_RESOLUTION, GOALS, UTILIZATION_FLAG, LoadSpec, TuneError,
                    TuneResult, tune)
@@ -121,16 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_settings(args: argparse.Namespace) -> Settings:
     """The plugin's Settings for a CLI run: every option's default, with what the command line sets."""
-    values: dict[str, Any] = {}
-    for option in OPTIONS:
-        default = option.default
-        values[option.name] = Path(default) if option.kind == "path" and default is not None else default
-    values.update(vllm_model=args.model, vllm_gpu=args.tier, vllm_max_servers=1,
-                  vllm_startup_timeout=args.startup_timeout, vllm_log_dir=args.log_dir,
-                  vllm_cache_dir=args.cache_dir or default_cache_dir(), vllm_python=args.python or sys.executable,
-                  vllm_tolerance="")
-    known = {f.name for f in dataclasses.fields(Settings)}
-    return Settings(**{name: value for name, value in values.items() if name in known})
+    return Settings.from_values({"vllm_model": args.model, "vllm_gpu": args.tier, "vllm_max_servers": 1,
+                                 "vllm_startup_timeout": args.startup_timeout, "vllm_log_dir": args.log_dir,
+                                 "vllm_cache_dir": args.cache_dir, "vllm_python": args.python}, Path.cwd())
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

@@ -16,7 +16,7 @@ from .ordering import group_by_server_config
 from .report import ReportWriter
 from .results import RECORD_PROPERTY, TestRecord
 from .server import ServerLaunchError, VLLMServer, VLLMStartupError, stop_all_servers
-from .settings import Settings, UsageError, add_options
+from .settings import Settings, UsageError, add_options, usage_errors_to_pytest
 from .state import SessionState, state_key
 from .workers import WorkerDeviceError, assign_worker_gpus
 from .tiers import TierError, device_skip_reason, parse_tier, tier_skip_reason
@@ -34,6 +34,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    with usage_errors_to_pytest():
+        _configure(config)
+
+
+def _configure(config: pytest.Config) -> None:
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
     settings = Settings.from_pytest(config)
@@ -60,6 +65,11 @@ def _tier_marker_values(item: pytest.Item) -> tuple[str | None, str | None]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    with usage_errors_to_pytest():
+        _check_markers_and_order(config, items)
+
+
+def _check_markers_and_order(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         minimum, maximum = _tier_marker_values(item)
         for value in (minimum, maximum):
