@@ -98,6 +98,7 @@ class LoadResult:
     itl: Percentiles
     e2el: Percentiles
     peak_memory_bytes: int | None = None
+    peak_memory_per_gpu: list[int] = field(default_factory=list)  # GPUs only: each GPU's own peak, in server order
     server_alive: bool = True
     failure: object | None = None  # a diagnose.Diagnosis when the server died or logged a memory error
     advice: list[str] = field(default_factory=list)  # next steps for that failure
@@ -135,6 +136,7 @@ class LoadResult:
             "itl_ms": self.itl.to_dict(),
             "e2el_ms": self.e2el.to_dict(),
             "peak_memory_bytes": self.peak_memory_bytes,
+            "peak_memory_per_gpu": list(self.peak_memory_per_gpu),
             "server_alive": self.server_alive,
             "failure": failure,
             "advice": list(self.advice),

@@ -22,6 +22,8 @@ def measured_load(server: VLLMServer, **load_args) -> LoadResult:
     sampler.sample_now()
     sampler.mark("load end")
     result.peak_memory_bytes = sampler.peak_between(started)
+    if server.device.backend == "cuda":
+        result.peak_memory_per_gpu = list(sampler.device_peaks_between(started))
     result.server_alive = server.alive()
     new_log = server.log_text()[log_offset:]
     failure = find_memory_error(new_log)

@@ -17,9 +17,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from .modelinfo import ModelInfo, ModelInfoError, architecture_weight_bytes, ceil_div, dtype_bytes
-from .units import format_bytes
+from .units import GIB, format_bytes
 
-GIB = 2**30
 VERDICTS = ("fits", "kv_cache_insufficient", "weights_too_large", "host_memory", "tier_exceeded", "cuda_oom")
 # vLLM 0.21 started subtracting its CUDA graph estimate from the KV budget; before, graphs came on top of it.
 GRAPH_IN_BUDGET_SINCE = (0, 21)

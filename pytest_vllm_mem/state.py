@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,13 +14,13 @@ import pytest
 from .advice import advise
 from .config import VLLMConfig
 from .diagnose import Diagnosis
-from .flagcheck import FlagCheckError, ParserTable, flag_problems, load_parser_table
-from .memory import (DeviceInfo, MemoryProbe, cpu_node_memory, detect_device, make_probe, process_tree,
-                     wait_for_free_memory)
+from .flagcheck import FlagCheckError, ParserTable, flag_problems, load_parser_table, warn_if_skipped
+from .memory import (DeviceError, DeviceInfo, MemoryProbe, NvmlError, cpu_node_memory, detect_devices, make_probe,
+                     process_tree, server_devices, wait_for_free_memory)
 from .results import TestRecord
-from .server import LaunchSettings, StartupOutcome, VLLMServer, VLLMStartupError, launch
+from .server import LaunchSettings, ServerLaunchError, StartupOutcome, VLLMServer, VLLMStartupError, launch
 from .settings import Settings, UsageError
-from .units import format_bytes
+from .units import GIB, format_bytes
 from .tiers import Emulation, Tier, TierError, emulate_tier, resolve_tier
 
 TINY_MODEL = "tiny"
@@ -30,10 +31,13 @@ MODEL_SPECIFIC_FLAGS = ("quantization", "tokenizer", "revision", "tokenizer_revi
 FREE_MEMORY_WAIT_S = 60.0
 
 
-def cuda_device_index() -> int:
-    """NVML numbers physical GPUs; CUDA_VISIBLE_DEVICES=3,4 means the server's device 0 is NVML's 3."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    return int(visible) if visible.isdigit() else 0
+def visible_devices(visible: str | None) -> tuple[DeviceInfo, ...]:
+    """The devices CUDA_VISIBLE_DEVICES=`visible` gives a server (indexes, GPU-/MIG- UUIDs), or the CPU; a name
+    that matches no GPU, or NVML failing, is a usage error with the reason, not a traceback."""
+    try:
+        return detect_devices(visible)
+    except (DeviceError, NvmlError) as error:
+        raise UsageError(str(error)) from None
 
 
 @dataclass
@@ -46,6 +50,9 @@ class ServerPool:
     running: "OrderedDict[VLLMConfig, VLLMServer]" = field(default_factory=OrderedDict)
     failed: dict[VLLMConfig, VLLMStartupError] = field(default_factory=dict)
     startups: int = 0
+    # The devices a launched config uses (all its GPUs); None: the probe's. Each server is waited for and measured
+    # on its own devices, through a probe of its own.
+    devices_for: Callable[[VLLMConfig], tuple[DeviceInfo, ...]] | None = None
 
     def acquire(self, config: VLLMConfig, launched: VLLMConfig, advice_context: dict) -> VLLMServer:
         server = self.running.get(launched)
@@ -59,38 +66,51 @@ class ServerPool:
         while len(self.running) >= self.capacity:
             self.release(next(iter(self.running)))
         ours = set().union(*(process_tree(server.pid) for server in self.running.values()))
+        devices = self.devices_for(launched) if self.devices_for is not None else None
         waited_from = time.monotonic()
-        holders = wait_for_free_memory(self.probe, exclude_pids=ours,
-                                       needed_bytes=advice_context.get("requested_bytes"),
-                                       timeout_s=FREE_MEMORY_WAIT_S)
-        if holders:  # vLLM would refuse to start ("Free memory on device ... is less than desired"): say who holds it
-            raise self._memory_held_error(launched, holders, advice_context, time.monotonic() - waited_from)
+        try:
+            probe = self.probe.scoped(devices) if devices is not None else self.probe
+            try:
+                holders = wait_for_free_memory(probe, exclude_pids=ours,
+                                               needed_bytes=advice_context.get("requested_bytes"),
+                                               timeout_s=FREE_MEMORY_WAIT_S)
+                if holders:  # vLLM would refuse to start ("Free memory on device ... is less than desired")
+                    raise self._memory_held_error(probe, launched, holders, advice_context,
+                                                  time.monotonic() - waited_from)
+            finally:
+                if probe is not self.probe:
+                    probe.close()
+        except NvmlError as error:
+            raise ServerLaunchError(f"{error} The server was not started.") from None
 
         def _advise(diagnosis: Diagnosis, memory, peak: int) -> list[str]:
             return advise(diagnosis, launched, memory, tier_bytes=advice_context.get("tier_bytes"), peak_bytes=peak)
 
         self.startups += 1
         try:
-            server = launch(config, launched, self.settings, self.probe, advise=_advise)
+            server = launch(config, launched, self.settings, self.probe, advise=_advise, devices=devices)
         except VLLMStartupError as error:
             self.failed[launched] = error
             raise
         self.running[launched] = server
         return server
 
-    def _memory_held_error(self, launched: VLLMConfig, holders: list[tuple[int, int, str]], context: dict,
-                           waited_s: float) -> VLLMStartupError:
-        device = self.probe.device
+    def _memory_held_error(self, probe: MemoryProbe, launched: VLLMConfig, holders: list[tuple[int, int, str]],
+                           context: dict, waited_s: float) -> VLLMStartupError:
+        devices = getattr(probe, "devices", (probe.device,))
+        frees = getattr(probe, "free_bytes", lambda: (probe.device.total_bytes - probe.device_used_bytes(),))()
+        # vLLM checks every GPU of the server; the fullest one is the one that refuses.
+        free, device = min(zip(frees, devices), key=lambda pair: pair[0])
+        where = device.name if len(devices) == 1 else f"{device.label} ({device.name}, the fullest of {len(devices)})"
         held = sum(used for _, used, _ in holders)
-        free = device.total_bytes - self.probe.device_used_bytes()
         diagnosis = Diagnosis(
             kind="insufficient_free_memory",
-            summary=(f"other processes still hold {format_bytes(held)} of {device.name} after waiting "
+            summary=(f"other processes still hold {format_bytes(held)} of {where} after waiting "
                      f"{waited_s:.0f} s; {format_bytes(free)} free, the server needs "
                      f"{format_bytes(context.get('requested_bytes') or 0)}"),
             root_cause=tuple(f"pid {pid} ({name}) holds {format_bytes(used)}" for pid, used, name in holders),
-            figures={"free_gib": free / 2**30, "device_total_gib": device.total_bytes / 2**30,
-                     "requested_gib": (context.get("requested_bytes") or 0) / 2**30},
+            figures={"free_gib": free / GIB, "device_total_gib": device.total_bytes / GIB,
+                     "requested_gib": (context.get("requested_bytes") or 0) / GIB},
         )
         return VLLMStartupError(diagnosis, launched, None,
                                 StartupOutcome(False, diagnosis.kind, waited_s, 0),
@@ -113,9 +133,14 @@ class SessionState:
         self.settings = settings
         self.records: dict[str, TestRecord] = {}
         self._device: DeviceInfo | None = None
+        self._devices: tuple[DeviceInfo, ...] | None = None
         self._probe: MemoryProbe | None = None
         self._pool: ServerPool | None = None
         self._parser: ParserTable | None = None
+        # Plans of launched configs (preflight.session_plan), for the report and the next plan's calibration.
+        self.plans: dict[VLLMConfig, dict] = {}
+        self.plan_objects: dict[VLLMConfig, tuple] = {}
+        self.calibrations: dict[str, object] = {}
         self.tier_text = settings.vllm_gpu
         try:
             from .tiers import parse_tier
@@ -125,10 +150,26 @@ class SessionState:
             raise UsageError(str(error)) from None
 
     @property
+    def devices(self) -> tuple[DeviceInfo, ...]:
+        """The GPUs CUDA_VISIBLE_DEVICES gives this session's servers, in vLLM's order (or the CPU)."""
+        if self._devices is None:
+            self._devices = visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
+            self._device = self._devices[0]
+        return self._devices
+
+    @property
     def device(self) -> DeviceInfo:
-        if self._device is None:
-            self._device = detect_device(cuda_device_index())
-        return self._device
+        """The first visible device: the one tier auto and the report name."""
+        return self.devices[0]
+
+    def server_devices(self, config: VLLMConfig) -> tuple[DeviceInfo, ...]:
+        """The devices a server for `config` uses: the first tensor x pipeline (x data) parallel size of the GPUs
+        its CUDA_VISIBLE_DEVICES (the config's env, else the session's) makes visible."""
+        if self.device.backend != "cuda":
+            return (self.device,)
+        visible = visible_devices(config.env["CUDA_VISIBLE_DEVICES"]) if "CUDA_VISIBLE_DEVICES" in config.env \
+            else self.devices
+        return server_devices(visible, config.flags)
 
     @property
     def tier(self) -> Tier:
@@ -137,7 +178,7 @@ class SessionState:
     @property
     def probe(self) -> MemoryProbe:
         if self._probe is None:
-            self._probe = make_probe(self.device)
+            self._probe = make_probe(self.devices)
         return self._probe
 
     @property
@@ -149,7 +190,8 @@ class SessionState:
                                              vllm_version=self.parser_table.version,
                                              startup_timeout_s=s.vllm_startup_timeout,
                                              sample_period_s=s.vllm_sample_period)
-            self._pool = ServerPool(launch_settings, self.probe, capacity=s.vllm_max_servers)
+            self._pool = ServerPool(launch_settings, self.probe, capacity=s.vllm_max_servers,
+                                    devices_for=self.server_devices)
         return self._pool
 
     @property
@@ -159,13 +201,17 @@ class SessionState:
                 self._parser = load_parser_table(self.settings.vllm_cache_dir, self.settings.vllm_python)
             except FlagCheckError as error:
                 raise UsageError(str(error)) from None
+            warn_if_skipped(self._parser)  # once per session: the table is loaded once
         return self._parser
 
-    def device_total_now(self) -> int:
+    def device_total_now(self, config: VLLMConfig | None = None) -> int:
         """The device's total memory right before a launch. vLLM's CPU backend reads the NUMA node's size at startup,
-        and under a VM that size can change (memory hotplug grew a node from 9 to 23 GiB within one session here)."""
+        and under a VM that size can change (memory hotplug grew a node from 9 to 23 GiB within one session here).
+        On GPUs, with `config`: the smallest of its server's GPUs (or MIG slices): vLLM sizes every GPU alike."""
         if self.device.backend == "cpu":
             return cpu_node_memory()[0]
+        if config is not None:
+            return min(device.total_bytes for device in self.server_devices(config))
         return self.device.total_bytes
 
     def resolve_model(self, model: str) -> str:
@@ -189,7 +235,7 @@ class SessionState:
                          + (f", dropped its checkpoint flags {', '.join(dropped)}" if dropped else ""))
         launched = VLLMConfig(self.resolve_model(model), env=config.env, **flags)
         default_utilization = float(self.parser_table.default("gpu_memory_utilization", 0.9))
-        launched, emulation = emulate_tier(launched, self.tier, self.device_total_now(), default_utilization)
+        launched, emulation = emulate_tier(launched, self.tier, self.device_total_now(launched), default_utilization)
         if emulation is not None:
             notes.append(emulation.describe())
         return launched, emulation, notes
@@ -208,8 +254,14 @@ class SessionState:
                                    advise(diagnosis, launched, None))
         utilization = float(launched.flag("gpu_memory_utilization",
                                           self.parser_table.default("gpu_memory_utilization", 0.9)))
-        context = {"tier_bytes": self.tier.bytes, "requested_bytes": int(utilization * self.device_total_now())}
+        context = {"tier_bytes": self.tier.bytes, "requested_bytes": int(utilization * self.device_total_now(launched))}
+        from .preflight import learn_from_startup, planned_or_raise, session_plan
+
+        planned = session_plan(self, config, launched)
+        if getattr(self.settings, "vllm_preflight", False):
+            return planned_or_raise(self, config, launched, planned, notes)  # type: ignore[return-value]
         server = self.pool.acquire(config, launched, context)
+        learn_from_startup(self, launched, server.memory, server.startup.peak_memory_bytes)
         for note in notes:
             if note not in server.notes:
                 server.notes.append(note)

@@ -11,12 +11,11 @@ import re
 from dataclasses import dataclass
 
 from .config import VLLMConfig
-from .units import format_bytes
+from .units import GIB, format_bytes
 
 # The unit is required and `g` is refused. A bare `24` or `24g` was read as GB, while torch and vLLM's logs
 # count GiB: the same reason units.parse_size refuses single letters. 24gb and 24gib differ by 7%.
 _TIER_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gb|gib)\s*$", re.IGNORECASE)
-GIB = 2**30
 # Scaling utilization for a difference under 0.5% only adds noise to the command line.
 _EMULATION_THRESHOLD = 1.005
 
@@ -103,8 +102,9 @@ def emulate_tier(config: VLLMConfig, tier: Tier, device_total_bytes: int,
                  default_utilization: float) -> tuple[VLLMConfig, Emulation | None]:
     """Scale --gpu-memory-utilization by tier/device so vLLM's reservation (utilization * total) fits the tier.
 
-    vLLM sizes everything it reserves from `utilization * total memory` (DESIGN.md section 1); on the CPU backend
-    the same product sizes the KV cache from the memory vLLM sees. Scaling the fraction is therefore the one
+    vLLM sizes everything it reserves from `utilization * total memory` (the GPU worker's `requested_memory`, the
+    figure of its "Desired GPU memory utilization is (0.9, 72.0 GiB)" line); on the CPU backend the same product
+    sizes the KV cache from the memory vLLM sees. Scaling the fraction is therefore the one
     mechanism that works on both, with no change to vLLM.
     """
     if tier.auto or device_total_bytes <= tier.bytes * _EMULATION_THRESHOLD:
