@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from pytest_vllm_mem.diagnose import (
     FAILURE_KINDS,
+    PHASES,
     Diagnosis,
     StartupMemory,
     classify_failure,
@@ -18,47 +20,98 @@ from pytest_vllm_mem.diagnose import (
 )
 
 LOGS = Path(__file__).parent / "data" / "logs"
+INDEX = json.loads((LOGS / "index.json").read_text(encoding="utf-8"))
 
 
 def log(name: str) -> str:
     return (LOGS / name).read_text(encoding="utf-8")
 
 
-# --- prefixes ---------------------------------------------------------------------------------------------------
+def first_line(name: str, fragment: str) -> str:
+    """The first line of a corpus log that contains `fragment` (prefix tests use real lines, never made-up ones)."""
+    return next(line for line in log(name).splitlines() if fragment in line)
 
 
-@pytest.mark.parametrize(
-    "line, message",
-    [
-        ("(EngineCore pid=10464) ERROR 11-30 04:55:40 [core.py:1510] EngineCore failed to start.",
-         "EngineCore failed to start."),
-        ("(Worker_TP1 pid=77) INFO 11-30 04:56:05 [gpu_worker.py:760] Available KV cache memory: 6.42 GiB",
-         "Available KV cache memory: 6.42 GiB"),
-        ("(VllmWorker-0 pid=10476) WARNING 11-30 04:55:33 [vllm.py:725] Model Runner V2 requires Triton; using the "
-         "V1 model runner instead.", "Model Runner V2 requires Triton; using the V1 model runner instead."),
-        ("\x1b[1;36m(VllmWorker rank=0 pid=123)\x1b[0;0m INFO 08-12 10:01:02 [gpu_model_runner.py:1953] Model "
-         "loading took 14.9595 GiB and 4.390297 seconds", "Model loading took 14.9595 GiB and 4.390297 seconds"),
-        ("\x1b[1;36m(EngineCore_0 pid=120)\x1b[0;0m INFO 08-12 10:01:02 [kv_cache_utils.py:849] GPU KV cache size: "
-         "13,136 tokens", "GPU KV cache size: 13,136 tokens"),
-        ("INFO 11-30 04:56:05 [core.py:402] init engine (profile, create kv cache, warmup model) took 5.17 s",
-         "init engine (profile, create kv cache, warmup model) took 5.17 s"),
-        ("INFO:     Application startup complete.", "Application startup complete."),
-        ("RuntimeError: Engine core initialization failed.", "RuntimeError: Engine core initialization failed."),
-        # traceback indentation inside an ERROR record is part of the message
-        ('(Worker pid=1) ERROR 11-30 04:55:40 [multiproc_executor.py:1063]   File "x.py", line 3, in f',
-         '  File "x.py", line 3, in f'),
-        ("(APIServer pid=10452) INFO 11-30 04:55:23 [api_utils.py:347] ", ""),
-    ],
-)
-def test_strip_log_prefix(line: str, message: str) -> None:
-    assert strip_log_prefix(line) == message
+# --- the corpus ---------------------------------------------------------------------------------------------------
+
+FAILURES = sorted(name for name, entry in INDEX.items() if entry["kind"] != "started")
+STARTED = sorted(name for name, entry in INDEX.items() if entry["kind"] == "started")
+
+
+def test_corpus_is_real_public_logs_of_every_kind() -> None:
+    public = [name for name, entry in INDEX.items() if entry.get("url", "").startswith("https://github.com/")]
+    assert len(public) >= 40
+    assert {path.name for path in LOGS.glob("*.log")} == set(INDEX)  # every file declared, every entry present
+    kinds = {entry["kind"] for entry in INDEX.values()}
+    # timeout is the plugin's own verdict (no vLLM line); no public log shows 0.33's external-weights error yet.
+    assert kinds >= set(FAILURE_KINDS) - {"timeout", "external_weights_over_budget"}
+    phases = {entry.get("phase") for entry in INDEX.values() if entry["kind"] in ("cuda_oom", "weights_too_large")}
+    assert phases >= {"loading_weights", "kv_cache_allocation", "graph_capture", "sampler_warmup", "serving", None}
+    assert not list(LOGS.glob("gpu-*-started.log"))  # the hand-written fixtures are gone
+
+
+@pytest.mark.parametrize("name", FAILURES)
+def test_corpus_failure_kind_and_phase(name: str) -> None:
+    entry = INDEX[name]
+    diagnosis = classify_failure(log(name), 1)
+    assert diagnosis.kind == entry["kind"], diagnosis.summary
+    if "phase" in entry:
+        assert diagnosis.phase == entry["phase"], diagnosis.summary
+    assert diagnosis.kind in FAILURE_KINDS
+    assert diagnosis.phase is None or diagnosis.phase in PHASES + ("usage", "arguments")
+    assert diagnosis.summary and not any("Engine core initialization failed" in l for l in diagnosis.root_cause)
+
+
+@pytest.mark.parametrize("name", STARTED)
+def test_corpus_started_logs_parse_and_hold_no_error(name: str) -> None:
+    memory = parse_startup_memory(log(name)).to_dict()
+    assert {key: memory[key] for key in INDEX[name]["memory"]} == INDEX[name]["memory"]
+    assert find_memory_error(log(name)) is None
+
+
+# --- prefixes -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, fragment, message", [
+    ("gpu-0.11-started-kv-sizes-28228.log", "Available KV cache memory", "Available KV cache memory: 2.30 GiB"),
+    # 0.4-0.7 headers have no brackets: "INFO 02-19 23:56:55 kv_cache_utils.py:524] "
+    ("gpu-0.7-started-kv-tokens-13596.log", "GPU KV cache size", "GPU KV cache size: 2,042,016 tokens"),
+    # docker compose "vllm-1  | ", CI "[2026-...Z] ", GKE "INFO 2025-...Z [resource...] (EngineCore_DP0 pid=270) "
+    ("gpu-0.6-no-cache-blocks-10439.log", "ValueError:",
+     "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+     "initializing the engine."),
+    ("gpu-0.16-free-memory-ci-pytorch175666.log", "ValueError", "ValueError: Free memory on device cuda:1 "
+     "(19.77/22.05 GiB) on startup is less than desired GPU memory utilization (0.9, 19.84 GiB). Decrease GPU memory "
+     "utilization or reduce GPU memory used by other processes."),
+    ("gpu-0.11-oom-lora-no-phase-29049.log", "logits.sort", "logits_sort, logits_idx = logits.sort(dim=-1, "
+     "descending=False)"),
+    # a worker's raw stderr: process prefix, no header; traceback indentation is part of the message
+    ("gpu-0.2x-free-memory-3090-club3090.log", "raise ValueError(", "    raise ValueError("),
+    ("gpu-0.9-free-memory-20305.log", "ValueError", "ValueError: Free memory on device (31.44/47.38 GiB) on startup "
+     "is less than desired GPU memory utilization (0.95, 45.01 GiB). Decrease GPU memory utilization or reduce GPU "
+     "memory used by other processes."),
+])
+def test_strip_log_prefix_on_real_lines(name: str, fragment: str, message: str) -> None:
+    assert strip_log_prefix(first_line(name, fragment)) == message
+
+
+def test_strip_log_prefix_uvicorn_and_plain() -> None:
+    assert strip_log_prefix(first_line("cpu-0.32-started.log", "Application startup complete")) == (
+        "Application startup complete.")
+    assert strip_log_prefix("RuntimeError: CUDA error: out of memory") == "RuntimeError: CUDA error: out of memory"
 
 
 def test_strip_ansi_removes_color_codes_only() -> None:
     assert strip_ansi("\x1b[1;36m(APIServer pid=7)\x1b[0;0m hello \x1b[32mok\x1b[0m") == "(APIServer pid=7) hello ok"
 
 
-# --- startup figures --------------------------------------------------------------------------------------------
+def test_records_flattened_into_one_line_are_split() -> None:
+    # #21661's reporter pasted a traceback with its records joined by spaces: the NCCL error is still found.
+    diagnosis = classify_failure(log("gpu-0.11-crash-nccl-cuda-error-21661.log"), 1)
+    assert diagnosis.root_cause[0].startswith("RuntimeError: NCCL error: unhandled cuda error")
+
+
+# --- startup figures ------------------------------------------------------------------------------------------
 
 
 def test_parse_startup_memory_cpu_032_auto_sized_kv_cache() -> None:
@@ -70,51 +123,56 @@ def test_parse_startup_memory_cpu_032_auto_sized_kv_cache() -> None:
 
 
 def test_parse_startup_memory_cpu_032_explicit_kv_cache() -> None:
-    text = (
-        "(Worker pid=10849) INFO 11-30 04:59:03 [cpu_worker.py:260] Explicitly set (1.0/10.46) GiB for KV cache on "
-        "node 0.\n"
-        "(EngineCore pid=10833) INFO 11-30 04:59:03 [kv_cache_utils.py:2327] CPU KV cache size: 524,288 tokens, "
-        "Maximum concurrency for 512 tokens per request: 1024.00x\n"
-        "(EngineCore pid=10833) INFO 11-30 04:59:05 [core.py:402] init engine (profile, create kv cache, warmup "
-        "model) took 6.96 s\n"
-    )
-    memory = parse_startup_memory(text)
-    assert (memory.kv_cache_gib, memory.device_total_gib, memory.requested_gib) == (1.0, 10.46, None)
-    assert (memory.kv_cache_tokens, memory.max_concurrency_tokens, memory.max_concurrency) == (524_288, 512, 1024.0)
-    assert memory.engine_init_s == 6.96
+    memory = parse_startup_memory(log("cpu-0.32-kv-cache-insufficient.log"))
+    assert (memory.kv_cache_gib, memory.requested_gib) == (0.01, None)
+    assert memory.device_total_gib is not None and memory.device_total_gib > 1
 
 
-def test_parse_startup_memory_gpu_03x_one_line_kv_and_concurrency() -> None:
-    memory = parse_startup_memory(log("gpu-0.33-started.log"))
-    assert memory.vllm_version == "0.33.0"
-    assert (memory.weights_gib, memory.weights_load_s) == (14.25, 5.812345)
-    assert (memory.kv_cache_gib, memory.kv_cache_tokens) == (4.46, 83_520)
-    assert (memory.max_concurrency_tokens, memory.max_concurrency) == (32_768, 2.55)
-    assert (memory.graph_capture_s, memory.graph_capture_gib) == (14.0, 0.53)
-    assert memory.engine_init_s == 29.87  # "took 29.87 s (compilation: 10.21 s)"
-    assert memory.device_total_gib is None and memory.non_kv_gib is None
+def test_parse_startup_memory_v0_profiling_summary() -> None:
+    memory = parse_startup_memory(log("gpu-0.6-started-v0-profiling-11251.log"))
+    assert (memory.device_total_gib, memory.gpu_memory_utilization, memory.requested_gib) == (15.77, 0.9, 14.2)
+    assert (memory.weights_gib, memory.kv_cache_gib, memory.non_kv_gib) == (7.51, 3.76, 10.43)  # 7.51+0.39+2.53
+    # 0.6.4: "Memory profiling results: total_gpu_memory=23.58GiB ... kv_cache_size=2.89GiB gpu_memory_utilization=0.90"
+    older = parse_startup_memory(log("gpu-0.6-kv-max-seq-len-10517.log"))
+    assert (older.device_total_gib, older.kv_cache_gib, older.gpu_memory_utilization) == (23.58, 2.89, 0.9)
+    assert older.weights_gib == 14.9888  # "Loading model weights took 14.9888 GB"
 
 
-def test_parse_startup_memory_gpu_010_ansi_two_lines_and_seconds() -> None:
-    memory = parse_startup_memory(log("gpu-0.10-started.log"))
-    assert memory.vllm_version == "0.10.2"
-    assert (memory.weights_gib, memory.weights_load_s) == (14.9595, 4.390297)
-    assert (memory.kv_cache_gib, memory.kv_cache_tokens) == (6.42, 13_136)
-    assert (memory.max_concurrency_tokens, memory.max_concurrency) == (4096, 3.21)
-    assert (memory.graph_capture_s, memory.graph_capture_gib) == (12.0, 1.6)
-    assert memory.engine_init_s == 35.21
+def test_parse_startup_memory_graph_pool_and_profiling_hint() -> None:
+    memory = parse_startup_memory(log("gpu-0.2x-started-graph-profiling-3090-club3090-127.log"))
+    assert (memory.graph_pool_estimate_gib, memory.gpu_memory_utilization, memory.suggested_utilization) == (
+        0.17, 0.92, 0.9271)
+    pool = parse_startup_memory(log("gpu-0.3x-started-graph-pool-miaai25.log"))
+    assert (pool.graph_pool_gib, pool.graph_pool_estimate_gib) == (-0.19, 2.43)  # the actual pool can be negative
 
 
-def test_parse_startup_memory_keeps_a_negative_kv_pool() -> None:
-    assert parse_startup_memory(log("gpu-0.10-no-cache-blocks.log")).kv_cache_gib == -1.25
+# The 0.33 GPU summary lines appear in no public log yet: each is built with the f-string vLLM 0.33.0 prints it with
+# (gpu_worker.py compile_or_warm_up_model / determine_available_memory), numbers filled in.
+GPU_TOTALS_033 = (
+    "(Worker pid=4320) INFO 11-30 04:48:26 [gpu_worker.py:1066] Free memory on device (23.13/23.55 GiB) on startup. "
+    "Desired GPU memory utilization is (0.92, 21.67 GiB). Actual usage is 14.49 GiB for consumed memory (weights + "
+    "non-torch), 1.34 GiB for peak activation, and 0.53 GiB for CUDAGraph memory. Replace gpu_memory_utilization "
+    "config with `--kv-cache-memory=5624856166` (5.24 GiB) to fit into requested memory, or "
+    "`--kv-cache-memory=7178526310` (6.69 GiB) to fully utilize gpu memory. Current kv cache memory in use is 4.46 GiB."
+)
+GRAPH_DISABLED_033 = (
+    "(Worker pid=4320) WARNING 11-30 04:48:12 [gpu_worker.py:805] CUDA graph memory profiling is disabled "
+    "(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0). Without it, CUDA graph memory is not accounted for during KV cache "
+    "allocation, which may require lowering --gpu-memory-utilization to avoid OOM. Consider re-enabling it (the "
+    "default as of v0.21.0) and increasing --gpu-memory-utilization from 0.9200 to 0.9425."
+)
 
 
-def test_parse_startup_memory_version_from_banner_when_engine_line_missing() -> None:
-    assert parse_startup_memory(log("cpu-0.32-validation-error.log")).vllm_version == "0.32.0"
+def test_parse_startup_memory_gpu_033_totals() -> None:
+    memory = parse_startup_memory(GPU_TOTALS_033 + "\n" + GRAPH_DISABLED_033)
+    assert (memory.startup_free_gib, memory.device_total_gib) == (23.13, 23.55)
+    assert (memory.gpu_memory_utilization, memory.requested_gib) == (0.92, 21.67)
+    assert (memory.non_kv_gib, memory.activation_peak_gib, memory.graph_pool_gib) == (16.36, 1.34, 0.53)
+    assert memory.suggested_utilization == 0.9425
+    assert find_memory_error(GPU_TOTALS_033) is None  # "on startup." is not "on startup is less than"
 
 
 def test_parse_startup_memory_ignores_flag_echoes() -> None:
-    # "version" in a deprecation warning is not a version; an empty log has nothing.
     text = "api_server.py:24: DeprecationWarning: will likely be unsupported in a future version. Use the launcher\n"
     assert parse_startup_memory(text) == StartupMemory()
     assert parse_startup_memory("") == StartupMemory()
@@ -123,33 +181,162 @@ def test_parse_startup_memory_ignores_flag_echoes() -> None:
 def test_startup_memory_to_dict_has_every_field() -> None:
     as_dict = parse_startup_memory(log("cpu-0.32-started.log")).to_dict()
     assert as_dict["kv_cache_tokens"] == 108_160 and as_dict["weights_gib"] is None
-    assert set(as_dict) == {f for f in StartupMemory.__dataclass_fields__}
+    assert set(as_dict) == set(StartupMemory.__dataclass_fields__)
 
 
-# --- classify_failure ---------------------------------------------------------------------------------------------
+def test_parse_startup_memory_version_from_banner() -> None:
+    assert parse_startup_memory(log("cpu-0.32-validation-error.log")).vllm_version == "0.32.0"
+
+
+# --- out of memory by phase -------------------------------------------------------------------------------------
+
+
+def test_oom_phase_comes_from_the_traceback_not_from_missing_milestones() -> None:
+    # No "Model loading took" in these logs: the old rule called every one of them "weights too large".
+    expected = {
+        "gpu-0.9-graph-capture-cuda-error-oom-19186.log": "graph_capture",  # torch.cuda.graph / capture_end
+        "gpu-0.8-sampler-warmup-oom-14452.log": "sampler_warmup",  # _dummy_sampler_run
+        "gpu-0.4-kv-alloc-oom-qwen458.log": "kv_cache_allocation",  # CacheEngine._allocate_kv_cache
+        "gpu-0.8-serving-oom-v0-13221.log": "serving",  # run_engine_loop / engine_step
+        "gpu-0.7-wake-up-oom-cumem-13941.log": "wake_up",  # cumem create_and_map
+        "gpu-0.11-weights-oom-create-weights-28143.log": "loading_weights",  # create_weights
+    }
+    for name, phase in expected.items():
+        diagnosis = classify_failure(log(name), 1)
+        assert (diagnosis.phase, diagnosis.kind) == (phase, "weights_too_large" if phase == "loading_weights"
+                                                     else "cuda_oom"), name
+
+
+def test_oom_without_any_phase_evidence_says_so() -> None:
+    diagnosis = classify_failure(log("gpu-0.9-oom-llama4-no-phase-20581.log"), 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("cuda_oom", None)
+    assert diagnosis.summary == ("vLLM ran out of device memory (the log does not show in which phase) (tried to "
+                                 "allocate 2.50 GiB)")
+    assert diagnosis.figures == {"tried_allocate_gib": 2.5, "device_total_gib": 79.25, "free_gib": 1.79,
+                                 "process_used_gib": 77.46, "returncode": 1.0}
+
+
+def test_oom_phase_from_the_last_milestone_when_the_traceback_is_silent() -> None:
+    # The V0 log stops at "Capturing cudagraphs for decoding"; an OOM printed after it belongs to the capture.
+    text = log("gpu-0.6-started-v0-profiling-11251.log") + "\n" + first_line(
+        "gpu-0.9-graph-capture-cuda-error-oom-19186.log", "RuntimeError: CUDA error: out of memory")
+    diagnosis = classify_failure(text, 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("cuda_oom", "graph_capture")
+
+
+def test_sampler_warmup_reads_the_dummy_request_count_and_torch_figures() -> None:
+    diagnosis = classify_failure(log("gpu-0.13-sampler-warmup-oom-2080ti-19445.log"), 1)
+    assert diagnosis.summary == ("vLLM ran out of device memory while warming up the sampler with 256 dummy requests "
+                                 "(tried to allocate 252.00 MiB)")
+    assert diagnosis.figures["dummy_requests"] == 256 and diagnosis.figures["device_total_gib"] == 10.57
+    assert diagnosis.root_cause[0].startswith("RuntimeError: CUDA out of memory occurred when warming up sampler")
+
+
+def test_serving_oom_figures_and_root_cause() -> None:
+    diagnosis = find_memory_error(log("gpu-0.8-serving-oom-v0-13221.log"))
+    assert diagnosis is not None and diagnosis.phase == "serving"
+    assert diagnosis.summary == "vLLM ran out of device memory while serving requests (tried to allocate 1.50 GiB)"
+    assert (diagnosis.figures["device_total_gib"], diagnosis.figures["process_used_gib"]) == (44.53, 44.25)
+
+
+def test_weights_oom_figures() -> None:
+    diagnosis = classify_failure(log("gpu-0.11-weights-oom-create-weights-28143.log"), 1)
+    assert diagnosis.summary == "the model weights do not fit in device memory: 92.34 of 93.09 GiB in use"
+    assert diagnosis.figures["tried_allocate_gib"] == pytest.approx(0.875)
+
+
+@pytest.mark.parametrize("message", [
+    "RuntimeError: CUDA error: out of memory",
+    "RuntimeError: CUDA driver error: out of memory",  # torch's C10_CUDA_DRIVER_CHECK (expandable segments, cumem)
+    "RuntimeError: CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62",
+    "RuntimeError: cuda runtime error (2) : out of memory at /pytorch/aten/src/THC/THCCachingAllocator.cpp:510",
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+    "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+])
+def test_device_oom_wordings(message: str) -> None:
+    assert classify_failure(message + "\n", 1).kind in ("cuda_oom", "weights_too_large")
+
+
+# --- KV cache too small -----------------------------------------------------------------------------------------
+
+
+def test_v0_wording_kv_cache_too_small_for_max_model_len_gpu() -> None:
+    diagnosis = classify_failure(log("gpu-0.6-kv-max-seq-len-10517.log"), 1)
+    assert diagnosis.kind == "kv_cache_insufficient"
+    # The pool holds 23,648 tokens in 2.89 GiB: one 29,000-token sequence needs 2.89 * 29000 / 23648 GiB.
+    assert diagnosis.figures == {"max_model_len": 29000.0, "kv_cache_tokens": 23648.0, "available_gib": 2.89,
+                                 "needed_gib": 3.54, "returncode": 1.0}
+    assert diagnosis.summary == ("the KV cache holds 23,648 tokens, fewer than one 29,000-token sequence "
+                                 "(max_model_len)")
+
+
+def test_v0_wording_kv_cache_too_small_on_cpu() -> None:
+    diagnosis = classify_failure(log("cpu-0.8-kv-max-seq-len-cpu-opea1762.log"), 1)
+    assert diagnosis.kind == "kv_cache_insufficient"
+    assert diagnosis.figures == {"cpu_backend": 1.0, "max_model_len": 131072.0, "kv_cache_tokens": 21840.0,
+                                 "returncode": 1.0}
+
+
+def test_v1_wording_kv_cache_needed_with_vllms_estimate() -> None:
+    diagnosis = classify_failure(log("cpu-0.32-kv-cache-insufficient.log"), 1)
+    assert diagnosis.figures == {"max_model_len": 32768.0, "needed_gib": 0.06, "available_gib": 0.01,
+                                 "estimated_max_model_len": 7680.0, "returncode": 1.0}
+    assert diagnosis.summary == ("the KV cache (0.01 GiB) cannot hold one 32,768-token sequence (needs 0.06 GiB); "
+                                 "vLLM estimates a maximum model length of 7,680")
+    # 0.11's "models's" typo is the same message
+    assert classify_failure(log("cpu-0.11-kv-cache-needed-29233.log"), 1).figures["needed_gib"] == 4.38
+
+
+def test_no_cache_blocks_names_the_cuda_graph_estimate() -> None:
+    diagnosis = classify_failure(log("gpu-0.28-no-cache-blocks-graph-estimate-53013.log"), 1)
+    assert diagnosis.figures["graph_estimate_gib"] == 118.65
+    assert "118.65 GiB for its CUDA graph estimate" in diagnosis.summary
+
+
+# --- startup errors of 0.33 -------------------------------------------------------------------------------------
+
+
+def test_memory_profiling_error_figures_even_when_wrapped() -> None:
+    diagnosis = classify_failure(log("gpu-0.29-memory-profiling-assert-56830.log"), 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("memory_profiling_error", "profiling")
+    assert diagnosis.figures == {"initial_free_gib": 82.94, "current_free_gib": 90.17, "returncode": 1.0}
+    assert diagnosis.summary.startswith("free device memory rose from 82.94 GiB (90.17 GiB after profiling)")
+    assert "did not drop below 30.30 GiB" in classify_failure(log("xpu-0.15-memory-profiling-assert-33358.log"),
+                                                             1).summary
+
+
+def test_external_weights_over_budget() -> None:
+    # vLLM 0.33.0 vllm/v1/worker/utils.py request_memory(), numbers filled in; no public log shows it yet.
+    text = ("(EngineCore pid=1) ERROR 11-30 04:55:40 [core.py:1510] ValueError: Externally held weights on device "
+            "cuda:0 (20.5/23.55 GiB) exceed the desired GPU memory utilization (0.8, 18.84 GiB). Increase GPU memory "
+            "utilization or reduce GPU memory used by other processes.\n")
+    diagnosis = classify_failure(text, 1)
+    assert diagnosis.kind == "external_weights_over_budget"
+    assert diagnosis.figures == {"external_gib": 20.5, "device_total_gib": 23.55, "gpu_memory_utilization": 0.8,
+                                 "requested_gib": 18.84, "returncode": 1.0}
+
+
+def test_insufficient_free_memory_figures() -> None:
+    diagnosis = classify_failure(log("gpu-0.2x-free-memory-3090-club3090.log"), 1)
+    assert diagnosis.figures == {"free_gib": 22.76, "device_total_gib": 24.0, "gpu_memory_utilization": 0.97,
+                                 "requested_gib": 23.28, "returncode": 1.0}
+    assert diagnosis.summary == ("only 22.76 of 24.00 GiB were free on cuda:0 at startup, but gpu_memory_utilization "
+                                 "0.97 asks for 23.28 GiB")
+    assert "free on the device at startup" in classify_failure(log("gpu-0.9-free-memory-20305.log"), 1).summary
+
+
+# --- host memory ------------------------------------------------------------------------------------------------
 
 
 def test_cpu_host_memory_real_log_root_cause_is_the_valueerror_once() -> None:
     diagnosis = classify_failure(log("cpu-0.32-host-memory.log"), 1)
     assert diagnosis.kind == "host_memory"
-    # The ValueError is printed 3 times and quoted by a RuntimeError: one root cause line, never the generic one.
     assert diagnosis.root_cause == (
         "ValueError: Available memory on node 0 (9.06/10.46 GiB) on kv cache allocation is less than requested "
         "memory for kv (-0.62/0.21 GiB). Reduce CPU memory used by other processes.",
     )
     assert diagnosis.figures == {"available_gib": 9.06, "device_total_gib": 10.46, "kv_requested_gib": -0.62,
                                  "requested_gib": 0.21, "non_kv_gib": 0.83, "returncode": 1.0}
-    assert "0.83 GiB already in use" in diagnosis.summary
-
-
-def test_cpu_host_memory_explicit_kv_size() -> None:
-    text = ("(Worker pid=1) ERROR 11-30 04:55:40 [multiproc_executor.py:1063] ValueError: Available memory on node 0 "
-            "(0.5/10.46 GiB) on kv cache allocation is less than requested memory for kv (4.0 GiB). Decrease "
-            "--kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes.\n")
-    diagnosis = classify_failure(text, 1)
-    assert diagnosis.kind == "host_memory"
-    assert diagnosis.figures == {"available_gib": 0.5, "device_total_gib": 10.46, "kv_requested_gib": 4.0,
-                                 "returncode": 1.0}
 
 
 @pytest.mark.parametrize("message", [
@@ -160,87 +347,41 @@ def test_cpu_host_memory_explicit_kv_size() -> None:
     "OSError: [Errno 12] Cannot allocate memory",
 ])
 def test_host_memory_generic_messages(message: str) -> None:
-    diagnosis = classify_failure(f"(Worker pid=3) INFO 11-30 04:55:33 [x.py:1] loading\n{message}\n", -6)
+    diagnosis = classify_failure(f"{message}\n", -6)
     assert diagnosis.kind == "host_memory"
     assert diagnosis.root_cause == (message,)
-    assert diagnosis.summary == "the host ran out of memory (RAM, not device memory)"
 
 
-def test_cpu_kv_cache_insufficient_real_log() -> None:
-    diagnosis = classify_failure(log("cpu-0.32-kv-cache-insufficient.log"), 1)
-    assert diagnosis.kind == "kv_cache_insufficient"
-    assert diagnosis.figures == {"max_model_len": 32768.0, "needed_gib": 0.06, "available_gib": 0.01,
-                                 "estimated_max_model_len": 7680.0, "returncode": 1.0}
-    assert len(diagnosis.root_cause) == 1 and diagnosis.root_cause[0].startswith("ValueError: To serve at least")
-    assert diagnosis.summary == ("the KV cache (0.01 GiB) cannot hold one 32,768-token sequence (needs 0.06 GiB); "
-                                 "vLLM estimates a maximum model length of 7,680")
+# --- flags and usage --------------------------------------------------------------------------------------------
 
 
-def test_gpu_010_kv_cache_insufficient_old_wording() -> None:
-    diagnosis = classify_failure(log("gpu-0.10-kv-cache-insufficient.log"), 1)
-    assert diagnosis.kind == "kv_cache_insufficient"
-    assert diagnosis.figures["max_model_len"] == 131072
-    assert diagnosis.figures["estimated_max_model_len"] == 52576
-    assert (diagnosis.figures["needed_gib"], diagnosis.figures["available_gib"]) == (16.0, 6.42)
+def test_vllm_serve_with_model_flag_is_a_usage_error() -> None:
+    diagnosis = classify_failure(log("gpu-0.8-usage-model-flag-17944.log"), 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("bad_flag", "usage")
+    assert diagnosis.summary == "`vllm serve` takes the model as its first positional argument, not --model"
+    assert rejected_flags(diagnosis) == ()
 
 
-def test_no_available_memory_for_cache_blocks_takes_the_pool_from_the_log() -> None:
-    diagnosis = classify_failure(log("gpu-0.10-no-cache-blocks.log"), 1)
-    assert diagnosis.kind == "kv_cache_insufficient"
-    assert diagnosis.figures["available_gib"] == -1.25
-    assert "no memory was left for the KV cache (-1.25 GiB)" in diagnosis.summary
+def test_positional_model_to_the_api_server_module_is_a_usage_error() -> None:
+    diagnosis = classify_failure(log("gpu-0.11-usage-model-positional-to-api-server-27389.log"), 2)
+    assert (diagnosis.kind, diagnosis.phase) == ("bad_flag", "usage")
+    assert "(/root/models/Qwen3-8B)" in diagnosis.summary
 
 
-def test_cuda_oom_while_profiling() -> None:
-    diagnosis = classify_failure(log("gpu-0.33-oom-profiling.log"), 1)
-    assert diagnosis.kind == "cuda_oom"
-    assert diagnosis.summary == "vLLM ran out of device memory while profiling (tried to allocate 512.00 MiB)"
-    assert diagnosis.figures == {"tried_allocate_gib": 0.5, "device_total_gib": 23.55, "free_gib": 0.2944,
-                                 "process_used_gib": 23.24, "returncode": 1.0}
-    # The worker's torch error once; the EngineCore's "Worker failed with error '...'" re-raise is dropped.
-    assert len(diagnosis.root_cause) == 1 and diagnosis.root_cause[0].startswith("torch.OutOfMemoryError: CUDA out")
+@pytest.mark.parametrize("line", [
+    "vllm serve: error: the following arguments are required: model_tag",
+    "ValueError: No model specified! Please specify model either as a positional argument or in a config file.",
+])
+def test_no_model_given_is_a_usage_error(line: str) -> None:
+    # argparse's line (0.5-0.8) and 0.33's FlexibleArgumentParser (vllm/utils/argparse_utils.py), verbatim.
+    diagnosis = classify_failure(line + "\n", 2)
+    assert (diagnosis.kind, diagnosis.phase) == ("bad_flag", "usage")
+    assert diagnosis.summary.startswith("no model was given")
 
 
-def test_cuda_error_out_of_memory_during_graph_capture() -> None:
-    diagnosis = classify_failure(log("gpu-0.10-graph-capture-oom.log"), 1)
-    assert diagnosis.kind == "cuda_oom"
-    assert diagnosis.summary == "vLLM ran out of device memory while capturing CUDA graphs"
-    assert diagnosis.root_cause == ("RuntimeError: CUDA error: out of memory",)
-
-
-def test_failed_to_load_model_is_weights_too_large() -> None:
-    diagnosis = classify_failure(log("gpu-0.33-weights-oom.log"), 1)
-    assert diagnosis.kind == "weights_too_large"
-    assert diagnosis.root_cause[0].startswith("Failed to load model - not enough GPU memory.")
-    assert diagnosis.figures["process_used_gib"] == 23.1 and diagnosis.figures["device_total_gib"] == 23.55
-    assert diagnosis.summary == "the model weights do not fit in device memory: 23.10 of 23.55 GiB in use"
-
-
-def test_cuda_oom_before_model_loading_took_is_weights_too_large() -> None:
-    # vLLM 0.10 printed no "Failed to load model" line: the OOM before "Model loading took" decides.
-    diagnosis = classify_failure(log("gpu-0.10-load-oom.log"), 1)
-    assert diagnosis.kind == "weights_too_large"
-    assert diagnosis.figures["tried_allocate_gib"] == pytest.approx(1002 / 1024, abs=1e-4)
-
-
-def test_insufficient_free_memory_figures() -> None:
-    diagnosis = classify_failure(log("gpu-0.33-free-memory.log"), 1)
-    assert diagnosis.kind == "insufficient_free_memory"
-    assert diagnosis.figures == {"free_gib": 12.18, "device_total_gib": 23.56, "gpu_memory_utilization": 0.92,
-                                 "requested_gib": 21.68, "returncode": 1.0}
-    assert diagnosis.summary == ("only 12.18 of 23.56 GiB were free on cuda:0 at startup, but gpu_memory_utilization "
-                                 "0.92 asks for 21.68 GiB")
-
-
-def test_insufficient_free_memory_010_wording_without_device_name() -> None:
-    text = ("\x1b[1;36m(VllmWorker rank=0 pid=9)\x1b[0;0m ERROR 08-12 10:00:00 [multiproc_executor.py:559] "
-            "ValueError: Free memory on device (5.31/23.56 GiB) on startup is less than desired GPU memory "
-            "utilization (0.8, 18.85 GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
-            "processes.\n")
-    diagnosis = classify_failure(text, 1)
-    assert diagnosis.kind == "insufficient_free_memory"
-    assert (diagnosis.figures["free_gib"], diagnosis.figures["requested_gib"]) == (5.31, 18.85)
-    assert "free on the device at startup" in diagnosis.summary
+def test_unrecognized_flag_real_logs() -> None:
+    diagnosis = classify_failure(log("gpu-0.15-unrecognized-omni-flag-omni1364.log"), 2)
+    assert (diagnosis.summary, rejected_flags(diagnosis)) == ("the installed vLLM does not accept --omni", ("--omni",))
 
 
 @pytest.mark.parametrize("line, flags, summary", [
@@ -248,91 +389,67 @@ def test_insufficient_free_memory_010_wording_without_device_name() -> None:
      "the installed vLLM does not accept --swap-space"),
     ("vllm serve: error: unrecognized arguments: --swap-space 4 --foo", ("--swap-space", "--foo"),
      "the installed vLLM does not accept --swap-space, --foo"),
-    ("api_server.py: error: argument --gpu-memory-utilization/--device-memory-utilization: invalid float value: "
-     "'abc'", ("--gpu-memory-utilization",),
-     "the installed vLLM rejected the value of --gpu-memory-utilization: invalid float value: 'abc'"),
     ("api_server.py: error: argument --dtype: invalid choice: 'foo' (choose from 'auto', 'bfloat16')", ("--dtype",),
      "the installed vLLM rejected the value of --dtype: invalid choice: 'foo' (choose from 'auto', 'bfloat16')"),
     ("api_server.py: error: argument --max-model-len: expected one argument", ("--max-model-len",),
      "the installed vLLM rejected the value of --max-model-len: expected one argument"),
 ])
 def test_argparse_errors_are_bad_flag(line: str, flags: tuple[str, ...], summary: str) -> None:
-    text = "usage: api_server.py [-h] [--model MODEL]\n                     [model_tag]\n" + line + "\n"
-    diagnosis = classify_failure(text, 2)
-    assert diagnosis.kind == "bad_flag"
-    assert diagnosis.summary == summary
-    assert diagnosis.root_cause == (line,)
+    diagnosis = classify_failure(line + "\n", 2)
+    assert (diagnosis.kind, diagnosis.phase, diagnosis.summary) == ("bad_flag", "arguments", summary)
     assert rejected_flags(diagnosis) == flags
 
 
 def test_pydantic_validation_error_is_bad_flag_real_log() -> None:
     diagnosis = classify_failure(log("cpu-0.32-validation-error.log"), 1)
-    assert diagnosis.kind == "bad_flag"
     assert diagnosis.summary == ("the installed vLLM rejected gpu_memory_utilization=1.5: Input should be less than "
                                  "or equal to 1")
     assert rejected_flags(diagnosis) == ("gpu_memory_utilization",)
 
 
-def test_pydantic_model_level_error_names_no_field() -> None:
-    text = ("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
-            "  Value error, User-specified max_model_len (999999) is greater than the derived max_model_len "
-            "(max_position_embeddings=32768 in model's config.json). [type=value_error, input_value=ArgsKwargs((), "
-            "{'model': 'm'}), input_type=ArgsKwargs]\n")
-    diagnosis = classify_failure(text, 1)
-    assert diagnosis.kind == "bad_flag"
-    assert "User-specified max_model_len (999999)" in diagnosis.summary
-    assert rejected_flags(diagnosis) == ()
-
-
 def test_flag_echoes_and_warnings_are_not_causes() -> None:
-    # INFO/WARNING lines mention flags and OOM; only error lines count.
-    text = (
-        "(APIServer pid=1) INFO 11-30 04:55:23 [api_utils.py:286] non-default args: {'swap_space': 4} (an old "
-        "vLLM said: error: unrecognized arguments: --x)\n"
-        "(Worker pid=2) WARNING 11-30 04:55:33 [gpu_worker.py:800] ... may require lowering --gpu-memory-utilization "
-        "to avoid OOM; CUDA out of memory was seen before\n"
-        "(APIServer pid=1) WARNING 11-30 04:55:23 [system_utils.py:255] This can cause fd limit errors like "
-        "`OSError: [Errno 24] Too many open files`.\n"
-    )
+    # INFO/WARNING lines mention flags and errors; 0.33 only warns about `vllm serve --model` (argparse_utils.py
+    # logger.warning, wording from the 0.33.0 source): only error lines count.
+    text = "\n".join([
+        first_line("cpu-0.32-kv-cache-insufficient.log", "non-default args"),
+        first_line("cpu-0.32-kv-cache-insufficient.log", "Too many open files"),
+        "(APIServer pid=1) WARNING 11-30 04:55:23 [argparse_utils.py:328] With `vllm serve`, you should provide the "
+        "model as a positional argument or in a config file instead of via the `--model` option. The `--model` option "
+        "will be removed in a future version.",
+        GRAPH_DISABLED_033,
+    ]) + "\n"
     diagnosis = classify_failure(text, 1)
     assert diagnosis.kind == "crash"
     assert find_memory_error(text) is None
+
+
+# --- crashes, timeouts ------------------------------------------------------------------------------------------
 
 
 def test_crash_quotes_the_earliest_specific_error_not_the_generic_one() -> None:
     diagnosis = classify_failure(log("cpu-0.32-bad-model-crash.log"), 1)
     assert diagnosis.kind == "crash"
     assert diagnosis.root_cause[0].startswith("huggingface_hub.errors.HFValidationError: Repo id must use")
-    # The chained OSError says the same thing: deduplicated.
-    assert len(diagnosis.root_cause) == 1
+    assert len(diagnosis.root_cause) == 1  # the chained OSError says the same thing
     assert diagnosis.summary.startswith("vLLM exited with code 1 before it became healthy")
-    assert diagnosis.figures == {"returncode": 1.0}
-    assert not any("Engine core initialization failed" in line for line in diagnosis.root_cause)
 
 
-def test_crash_skips_the_generic_engine_failure_line() -> None:
-    text = ("(EngineCore pid=1) ERROR 11-30 04:55:40 [core.py:1510] EngineCore failed to start.\n"
-            "(EngineCore pid=1) ERROR 11-30 04:55:40 [core.py:1510] ImportError: libcuda.so.1: cannot open shared "
-            "object file\n"
-            "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
-            "{'EngineCore': 1}\n")
-    diagnosis = classify_failure(text, 1)
-    assert diagnosis.kind == "crash"
-    assert diagnosis.root_cause == ("ImportError: libcuda.so.1: cannot open shared object file",)
+def test_worker_exception_line_gives_the_cause() -> None:
+    diagnosis = classify_failure(log("gpu-0.5-crash-nccl-init-7800.log"), 1)
+    assert diagnosis.root_cause[0] == ("NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details) (in "
+                                       "a worker, method init_device)")
 
 
 def test_crash_without_any_error_quotes_the_last_lines() -> None:
     diagnosis = classify_failure(log("cpu-0.32-started.log"), -15)
-    assert diagnosis.kind == "crash"
     assert diagnosis.summary.startswith("vLLM was killed by SIGTERM before it became healthy")
     assert diagnosis.root_cause[-1] == "Application shutdown complete."
     assert not any(line.startswith(("nanobind", "- leaked")) for line in diagnosis.root_cause)
 
 
 def test_sigkill_without_error_points_at_the_oom_killer() -> None:
-    text = "(Worker pid=3) INFO 11-30 04:55:33 [cpu_model_runner.py:68] Starting to load model tiny-model...\n"
+    text = first_line("cpu-0.32-started.log", "Starting to load model") + "\n"
     diagnosis = classify_failure(text, -9)
-    assert diagnosis.kind == "crash"
     assert "SIGKILL" in diagnosis.summary and "OOM killer" in diagnosis.summary
     assert "while loading the weights" in diagnosis.summary
     assert diagnosis.figures == {"returncode": -9.0}
@@ -340,74 +457,20 @@ def test_sigkill_without_error_points_at_the_oom_killer() -> None:
 
 def test_returncode_none_and_empty_log() -> None:
     diagnosis = classify_failure("", None)
-    assert diagnosis.kind == "crash"
-    assert diagnosis.root_cause == () and diagnosis.figures == {}
+    assert (diagnosis.kind, diagnosis.root_cause, diagnosis.figures) == ("crash", (), {})
     assert diagnosis.summary.startswith("vLLM stopped before it became healthy")
 
 
-def test_every_kind_is_a_failure_kind() -> None:
-    names = ["cpu-0.32-host-memory.log", "cpu-0.32-kv-cache-insufficient.log", "cpu-0.32-validation-error.log",
-             "cpu-0.32-bad-model-crash.log", "gpu-0.33-oom-profiling.log", "gpu-0.33-weights-oom.log",
-             "gpu-0.33-free-memory.log"]
-    kinds = {classify_failure(log(name), 1).kind for name in names}
-    kinds.add(timeout_diagnosis("", 1).kind)
-    assert kinds == set(FAILURE_KINDS)  # every kind is reachable from a real or source-built log
-
-
-# --- find_memory_error / timeout ----------------------------------------------------------------------------------
-
-
-def test_find_memory_error_none_for_a_healthy_server() -> None:
-    assert find_memory_error(log("cpu-0.32-started.log")) is None
-    assert find_memory_error(log("gpu-0.33-started.log")) is None
-
-
-def test_find_memory_error_runtime_oom_while_serving() -> None:
-    text = log("gpu-0.33-started.log") + (
-        "(EngineCore pid=4301) ERROR 11-30 04:50:00 [core.py:900] EngineCore encountered a fatal error.\n"
-        "(EngineCore pid=4301) ERROR 11-30 04:50:00 [core.py:900] torch.OutOfMemoryError: CUDA out of memory. "
-        "Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 23.55 GiB of which 1.02 GiB is free.\n"
-        "(APIServer pid=4242) ERROR 11-30 04:50:00 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: "
-        "EngineCore encountered an issue. See stack trace (above) for the root cause.\n"
-    )
-    diagnosis = find_memory_error(text)
-    assert diagnosis is not None and diagnosis.kind == "cuda_oom"
-    assert diagnosis.summary == "vLLM ran out of device memory while serving requests (tried to allocate 2.00 GiB)"
-    assert diagnosis.figures["free_gib"] == 1.02
-
-
-def test_find_memory_error_host_memory() -> None:
-    diagnosis = find_memory_error(log("cpu-0.32-host-memory.log"))
-    assert diagnosis is not None and diagnosis.kind == "host_memory"
-
-
 def test_timeout_diagnosis_reports_stage_and_last_lines() -> None:
-    text = log("gpu-0.33-started.log").split("(Worker pid=4320) INFO 11-30 04:48:25")[0]
+    text = log("gpu-0.6-started-v0-profiling-11251.log")
     diagnosis = timeout_diagnosis(text, 240)
-    assert diagnosis.kind == "timeout"
     assert diagnosis.summary == "vLLM did not become healthy within 240 s (last stage reached: capturing CUDA graphs)"
     assert diagnosis.figures == {"timeout_s": 240.0}
-    assert diagnosis.root_cause[-1].startswith("GPU KV cache size: 83,520 tokens")  # the bar after it is noise
-    assert not any("it/s]" in line for line in diagnosis.root_cause)  # progress bars are not news
+    assert diagnosis.root_cause[-1].startswith("Capturing cudagraphs for decoding")
     assert len(diagnosis.root_cause) <= 5
 
 
 def test_diagnosis_to_dict() -> None:
     diagnosis = Diagnosis("crash", "x", ("a",), {"returncode": 1.0})
-    assert diagnosis.to_dict() == {"kind": "crash", "summary": "x", "root_cause": ["a"], "figures": {"returncode": 1.0}}
-
-
-def test_cuda_oom_after_the_pool_was_sized_is_kv_allocation() -> None:
-    text = ("(Worker_TP1 pid=8) INFO 11-30 04:48:10 [gpu_worker.py:760] Model loading took 7.10 GiB memory and 3.2 "
-            "seconds\n"
-            "(Worker_TP1 pid=8) INFO 11-30 04:48:10 [gpu_worker.py:760] Available KV cache memory: 9.00 GiB\n"
-            "(Worker_TP1 pid=8) ERROR 11-30 04:48:11 [multiproc_executor.py:1063] torch.OutOfMemoryError: CUDA out of "
-            "memory. Tried to allocate 4.50 GiB. GPU 1 has a total capacity of 23.55 GiB of which 2.01 GiB is free.\n")
-    diagnosis = classify_failure(text, 1)
-    assert diagnosis.kind == "cuda_oom"
-    assert diagnosis.summary == ("vLLM ran out of device memory while allocating the KV cache (tried to allocate "
-                                 "4.50 GiB)")
-
-
-def test_ray_worker_prefix_with_ip() -> None:
-    assert strip_log_prefix("(RayWorkerWrapper pid=5, ip=10.0.0.1) INFO 08-12 10:00:00 [x.py:1] hello") == "hello"
+    assert diagnosis.to_dict() == {"kind": "crash", "summary": "x", "root_cause": ["a"],
+                                   "figures": {"returncode": 1.0}, "phase": None}
