@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .settings import Settings, UsageError
+from .plan_cli import add_plan_parser
 from .tiers import TierError, parse_tier
 from .tune import (DEFAULT_MAX_STARTUPS, DEFAULT_RESOLUTION, GOALS, UTILIZATION_FLAG, LoadSpec, TuneError,
                    TuneResult, tune)
@@ -115,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--log-dir", type=Path, default=Path(".vllm-mem/logs"), help="server logs (default .vllm-mem/logs)")
     add("--python", default=None, help="interpreter that runs vLLM (default: this one)")
     tune_parser.set_defaults(run=run_tune, command_parser=tune_parser)  # errors show the subcommand's usage
+    add_plan_parser(commands)
     return parser
 
 

@@ -27,7 +27,9 @@ def record_for(request: pytest.FixtureRequest, server_or_error: VLLMServer | VLL
     nodeid = request.node.nodeid
     if nodeid in state.records:
         return state.records[nodeid]
-    is_server = isinstance(server_or_error, VLLMServer)
+    from .preflight import PlannedServer
+
+    is_server = isinstance(server_or_error, (VLLMServer, PlannedServer))
     config = server_or_error.config if is_server else server_or_error.requested
     launched = server_or_error.launched if is_server else server_or_error.config
     memory = server_or_error.memory
@@ -40,10 +42,11 @@ def record_for(request: pytest.FixtureRequest, server_or_error: VLLMServer | VLL
         startup=server_or_error.startup.to_dict() if server_or_error.startup else {},
         memory=memory.to_dict() if memory else {},
     )
+    record.plan = state.plans.get(launched)
     if is_server:
         record.notes.extend(server_or_error.notes)
     # Failed startups are plotted too: memory climbing until the OOM is the most telling timeline.
-    record.timeline = {"server": server_or_error}
+    record.timeline = None if isinstance(server_or_error, PlannedServer) else {"server": server_or_error}
     state.records[nodeid] = record
     return record
 
@@ -117,6 +120,14 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: VLLMServer) -> Callab
     repeat=1) -> LoadResult. With repeat=N the load runs N times, all are recorded, and the run with the median
     output throughput is returned. Fails the test when the server dies or logs an out-of-memory error."""
     record = record_for(request, vllm_server)
+    from .preflight import PlannedServer, planned_load_result
+
+    if isinstance(vllm_server, PlannedServer):  # --vllm-preflight: planned, not measured; no load runs
+        def planned(num_prompts: int = 100, concurrency: int = 16, request_rate: float | None = None,
+                    **_: object) -> LoadResult:
+            return planned_load_result(num_prompts, concurrency, request_rate)
+
+        return planned
     # pytest-benchmark, when the test asks for its fixture: the first load call becomes its rounds (one per repeat),
     # so --benchmark-autosave/--benchmark-compare see the loads; the plugin's own gate does not depend on it.
     benchmark = request.getfixturevalue("benchmark") if "benchmark" in request.fixturenames else None

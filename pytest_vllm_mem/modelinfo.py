@@ -254,6 +254,10 @@ def load_model_info(model: str, *, read_weights: bool = True) -> ModelInfo:
     """Read `model` (a local folder or a hub name already in the local HF cache) without touching the network."""
     folder = find_model_folder(model)
     if folder is None:
+        from .known_models import KNOWN_CONFIGS
+
+        if model in KNOWN_CONFIGS:  # not downloaded: plan from the built-in copy of its public config.json
+            return model_info_from_config(KNOWN_CONFIGS[model], name=model)
         roots = ", ".join(str(r) for r in hf_cache_roots())
         raise ModelInfoError(
             f"model {model}: no config.json found locally (looked in the folder itself and in the Hugging Face "

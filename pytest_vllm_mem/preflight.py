@@ -8,6 +8,7 @@ VLLMStartupError a real startup would raise, with the plan's figures.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .config import VLLMConfig
@@ -129,3 +130,182 @@ def compare(result: Plan, memory: Mapping[str, Any]) -> dict[str, Any]:
         error = (planned - logged) / logged if logged else None
         rows[key] = {"planned": planned, "logged": logged, "error": error}
     return rows
+
+
+# --- the plugin: a plan for every launched config, and --vllm-preflight ----------------------------------------------
+
+class PlannedServer:
+    """Stands in for a server under --vllm-preflight when the plan predicts it fits: nothing runs, loads are not
+    measured (vllm_load returns a planned result), the report says `planned`."""
+
+    def __init__(self, config: VLLMConfig, launched: VLLMConfig, result: Plan, notes: list[str]) -> None:
+        from .server import StartupOutcome
+
+        self.config = config
+        self.launched = launched
+        self.plan = result
+        self.pid: int | None = None
+        self.memory = None
+        self.log_path = None
+        self.startup = StartupOutcome(True, "planned", 0.0, 0)
+        self.notes = [*notes, "planned by --vllm-preflight, not measured: no server was started"]
+
+    def alive(self) -> bool:
+        return True
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"{name}: under --vllm-preflight no server runs (the config was planned, not started); "
+                             "only vllm_load and the plan are available")
+
+
+def preflight_card(backend: str, tier: Tier, model_override: str | None, requested_model: str) -> str:
+    """The backend a preflight plans for. A CPU runner with a GPU tier and the suite's own (GPU) models plans the GPU
+    job it stands in for; with --vllm-model-override (or the tiny model) it plans the CPU run that would happen."""
+    if backend == "cpu" and not tier.auto and not model_override and requested_model != "tiny":
+        return "cuda"
+    return backend
+
+
+def planned_load_result(num_prompts: int, concurrency: int, request_rate: float | None) -> Any:
+    """What vllm_load returns under --vllm-preflight: every request 'completed', no figures measured."""
+    from .load import LoadResult, Percentiles
+
+    zero = Percentiles(0.0, 0.0, 0.0, 0.0)
+    return LoadResult(num_prompts=num_prompts, concurrency=concurrency, request_rate=request_rate,
+                      completed=num_prompts, failed=0, errors=[], duration_s=0.0, request_throughput=0.0,
+                      output_throughput=0.0, total_output_tokens=0, total_input_tokens=0, ttft=zero, tpot=zero,
+                      itl=zero, e2el=zero)
+
+
+def plan_advice(result: Plan, replan: Callable[[dict[str, Any]], Plan]) -> list[str]:
+    """Next steps the plan itself can check: the utilization range that fits, the longest context, TP."""
+    steps: list[str] = []
+    if result.verdict == "weights_too_large":
+        for tp in (2, 4, 8):
+            if replan({"tensor_parallel_size": tp}).fits:
+                steps.append(f"tensor_parallel_size={tp} (the plan fits with the weights split over {tp} GPUs)")
+                break
+        steps.append("a quantized checkpoint (AWQ/GPTQ 4-bit, FP8), or a larger tier")
+        return steps
+    low, high = utilization_range(lambda u: replan({"gpu_memory_utilization": u}).fits)
+    if low is not None:
+        steps.append(f"gpu_memory_utilization between {low:.2f} and {high:.2f} (the plan fits there)")
+    if result.verdict == "kv_cache_insufficient" and result.longest_context >= 256:
+        steps.append(f"max_model_len {result.max_model_len} -> {result.longest_context // 256 * 256} (the KV cache "
+                     f"holds {result.kv_tokens.value:,} tokens)")
+    if result.graph.value and not result.graph.low == result.graph.high == 0:
+        if replan({"enforce_eager": True}).fits:
+            steps.append("enforce_eager (no CUDA graph pool: the plan fits without it)")
+    return steps or ["a larger tier: no utilization, context length or eager mode makes this config fit"]
+
+
+def predicted_failure(config: VLLMConfig, launched: VLLMConfig, result: Plan, advice: list[str]) -> Exception:
+    """The VLLMStartupError a real startup of a config predicted not to fit would raise, with the plan's figures."""
+    from .diagnose import Diagnosis
+    from .server import StartupOutcome, VLLMStartupError
+
+    sure = "" if result.sure else " (the verdict is within the estimate's range: a real startup may differ)"
+    diagnosis = Diagnosis(kind=result.verdict, summary=f"predicted by the plan, not measured: {result.summary}{sure}",
+                          root_cause=tuple(line.strip() for line in result.lines()[1:]), figures=plan_figures(result))
+    error = VLLMStartupError(diagnosis, launched, None, StartupOutcome(False, result.verdict, 0.0, 0), advice)
+    error.requested = config
+    return error
+
+
+def session_plan(state: Any, config: VLLMConfig, launched: VLLMConfig) -> Plan | None:
+    """The plan of `launched` in this session (a SessionState), kept in state.plans for the report; None (and the
+    reason kept) when the model cannot be planned. Never raises: in a real run the plan is a bonus."""
+    from .calibration import CalibrationStore, calibration_key
+
+    settings = state.settings
+    device = state.device
+    tier = state.tier
+    backend = device.backend
+    if getattr(settings, "vllm_preflight", False):
+        backend = preflight_card(device.backend, tier, settings.vllm_model_override, config.model)
+    version = state.parser_table.version
+    default_utilization = float(state.parser_table.default("gpu_memory_utilization", 0.92))
+    if backend == device.backend:
+        total = state.device_total_now()
+        available = None
+        if backend == "cpu":
+            from .memory import cpu_node_memory
+
+            total, available = cpu_node_memory()
+        card = Card(backend, device.name, total, available_bytes=available)
+        planned_config = launched
+    else:  # a CPU runner planning the GPU job: a card of the tier's size, the flags as written
+        card = card_for("cuda", tier)
+        planned_config = VLLMConfig(launched.model, env=launched.env, **config.flags)
+    key = calibration_key(launched.model, version, card.name, dict(planned_config.flags))
+    calibration = state.calibrations.get(key) if hasattr(state, "calibrations") else None
+    if calibration is None:
+        calibration = CalibrationStore(calibration_path(settings)).get(key)
+    result, why = try_plan(planned_config, card, tier=tier, vllm_version=version,
+                           default_utilization=default_utilization, calibration=calibration)
+    state.plans[launched] = result.to_dict() if result is not None else {"error": why}
+    if result is not None:
+        def replan(flags: dict[str, Any]) -> Plan:
+            return plan_config(planned_config.with_flags(**flags), card, tier=tier, vllm_version=version,
+                               default_utilization=default_utilization, calibration=calibration)
+
+        state.plan_objects[launched] = (result, key, planned_config, replan)
+    return result
+
+
+def calibration_path(settings: Any) -> Path:
+    """Calibrations live beside the baselines: reviewed and committed with them."""
+    return Path(settings.vllm_baseline).parent / "calibration.json"
+
+
+def learn_from_startup(state: Any, launched: VLLMConfig, memory: Any, peak_bytes: int | None) -> None:
+    """After a real startup: the logged overheads become this session's calibration for the same model, release,
+    device and flag shape, and are written beside the baselines with --vllm-update-baseline."""
+    from .calibration import CalibrationStore, from_startup
+
+    found = state.plan_objects.get(launched)
+    if found is None or memory is None:
+        return
+    result, key = found[0], found[1]
+    calibration = from_startup(result, memory.to_dict(), peak_bytes)
+    if calibration is None:
+        return
+    state.calibrations[key] = calibration
+    if state.settings.vllm_update_baseline:
+        try:
+            CalibrationStore(calibration_path(state.settings)).put(key, calibration)
+        except OSError:
+            pass  # the baseline write reports an unwritable folder; a calibration is not worth a second error
+
+
+def planned_or_raise(state: Any, config: VLLMConfig, launched: VLLMConfig, result: Plan | None,
+                     notes: list[str]) -> PlannedServer:
+    """--vllm-preflight: a PlannedServer when the plan fits, else the predicted VLLMStartupError. A model that
+    cannot be planned is a usage problem of the preflight, reported as a skip with the reason."""
+    import pytest
+
+    if result is None:
+        why = state.plans.get(launched, {}).get("error", "no plan")
+        pytest.skip(f"--vllm-preflight cannot plan this config: {why}")
+    if not result.fits:
+        _, _, planned_config, replan = state.plan_objects[launched]
+        raise predicted_failure(config, planned_config, result, plan_advice(result, replan))
+    return PlannedServer(config, launched, result, notes)
+
+
+def kv_cell(measured: int | None, planned: Mapping[str, Any] | None) -> str:
+    """The report's KV tokens cell, plan beside measurement: `108,160 (plan 103,040)`, `plan 103,040`, `-`."""
+    tokens = planned.get("kv_tokens", {}).get("value") if planned and "error" not in planned else None
+    if measured and tokens is not None:
+        return f"{measured:,} (plan {tokens:,})"
+    if measured:
+        return f"{measured:,}"
+    return f"plan {tokens:,}" if tokens is not None else "-"
+
+
+def preflight_tier(selected: str, minimum: str | None, maximum: str | None) -> str:
+    """The tier a test is planned on: the run's --vllm-gpu when one is given, else the test's own vllm_tier marker
+    (its minimum, else its maximum), so that one preflight covers a suite's whole tier matrix."""
+    if selected.strip().lower() not in ("", "auto"):
+        return selected
+    return minimum or maximum or selected

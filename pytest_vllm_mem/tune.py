@@ -202,7 +202,10 @@ def search(run_trial: Callable[[float], Trial], *, low: float, high: float, reso
         hi = last
     else:
         stop = first
-    while stop is None and lo <= hi - 1 and not (lo_ok and lo == hi - 1) and len(trials) < max_startups:
+    def startups() -> int:  # trials the plan decided cost no startup and do not count
+        return sum(1 for trial in trials if trial.phase != "planned")
+
+    while stop is None and lo <= hi - 1 and not (lo_ok and lo == hi - 1) and startups() < max_startups:
         mid = (lo + hi) // 2 if lo_ok else (lo + hi - 1) // 2
         trial = attempt(mid)
         if trial.ok:
@@ -311,6 +314,23 @@ def run_trial(state: SessionState, config: VLLMConfig, utilization: float, load:
         return trial
     finally:
         state.pool.release_all()
+
+
+def planned_trial(state: SessionState, config: VLLMConfig, utilization: float) -> Trial | None:
+    """A trial the plan decides without a startup: predicted not to fit at both ends of its estimate range (a
+    calibration from an earlier startup of the same model narrows that range to the KV arithmetic). None: run it."""
+    from .preflight import session_plan
+
+    if not hasattr(state, "plans"):  # a stand-in state (tests) that plans nothing
+        return None
+    trial_config = config.with_flags(**{UTILIZATION_FLAG: utilization})
+    launched, _, _ = state.launched_config(trial_config)
+    result = session_plan(state, trial_config, launched)
+    if result is None or result.fits or not result.sure:
+        return None
+    side = failure_side(result.verdict, {"kv_requested_gib": result.kv_bytes.value / 2**30})
+    return Trial(utilization, result.verdict, side, summary=f"planned, no startup: {result.summary}",
+                 kv_cache_tokens=result.kv_tokens.value, phase="planned")
 
 
 def trial_line(trial: Trial, max_startups: int) -> str:
@@ -437,7 +457,7 @@ def tune(state: SessionState, config: VLLMConfig, *, low: float | None = None, h
         number = len(trials_done) + 1
         out(f"starting trial {number}/{max_startups}: {UTILIZATION_FLAG}={_fmt(utilization)}"
             + (f" {shown_flags}" if shown_flags != "defaults" else "") + f" on the {tier} tier ...")
-        trial = run_trial(state, config, utilization, load, tier, out)
+        trial = planned_trial(state, config, utilization) or run_trial(state, config, utilization, load, tier, out)
         trial.number = number
         trials_done.append(trial)
         out(trial_line(trial, max_startups))
