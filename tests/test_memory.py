@@ -496,6 +496,13 @@ def spawn(tmp_path: Path) -> Iterator[Any]:
         process.wait(timeout=10)
 
 
+def taken(sampler: MemorySampler) -> int:
+    """A sample that must have been read (the CPU probe never misses one)."""
+    value = sampler.sample_now()
+    assert value is not None, sampler.missed_reason
+    return value
+
+
 def expect_line(process: subprocess.Popen[str], expected: str) -> None:
     assert process.stdout is not None
     line = process.stdout.readline().strip()
@@ -556,12 +563,12 @@ def test_sampler_catches_a_100ms_spike_at_the_default_period(spawn: Any) -> None
     child = spawn("spike.py", SPIKE)
     expect_line(child, "ready")
     with MemorySampler(ProcessTreeProbe(), child.pid) as sampler:
-        baseline = sampler.sample_now()
+        baseline = taken(sampler)
         t_go = sampler.mark("spike")
         send(child, "go")
         expect_line(child, "done")
         sampler.sample_now()  # may still hold the spike, if no sample was taken since it was freed
-        after = sampler.sample_now()
+        after = taken(sampler)
     assert sampler.error is None
     assert sampler.markers == [("spike", t_go)]
     peak = sampler.peak_between(t_go)
@@ -583,7 +590,7 @@ def test_sampler_picks_up_processes_started_after_it(spawn: Any) -> None:
     child = spawn("grower.py", GROWER)
     expect_line(child, "ready")
     with MemorySampler(ProcessTreeProbe(), child.pid, period_s=0.02) as sampler:
-        baseline = sampler.sample_now()
+        baseline = taken(sampler)
         send(child, "go")
         expect_line(child, "grown")
         deadline = time.monotonic() + 5
@@ -610,11 +617,11 @@ def test_a_20ms_spike_between_samples_one_second_apart_is_caught(spawn: Any) -> 
     probe = ProcessTreeProbe()
     assert probe.tracks_peaks and probe.default_period_s == 0.25
     with MemorySampler(probe, child.pid, period_s=1.0) as sampler:
-        before = sampler.sample_now()
+        before = taken(sampler)
         send(child, "go")
         expect_line(child, "done")  # allocated, held 20 ms and freed, with no sample in between
-        spike = sampler.sample_now()
-        after = sampler.sample_now()
+        spike = taken(sampler)
+        after = taken(sampler)
     assert spike - before >= 250 * MB, f"{spike / MB:.0f} MB vs {before / MB:.0f} MB before"
     assert after < spike - 250 * MB  # the next sample starts from the RSS of now
 

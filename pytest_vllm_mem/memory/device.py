@@ -40,8 +40,15 @@ class ProbeReadError(RuntimeError):
 class MemoryProbe(Protocol):
     """Memory held by a server's processes on each of its devices, read on demand."""
 
-    device: DeviceInfo  # the first device: tier auto, emulation and reports name it
-    devices: tuple[DeviceInfo, ...]  # every device the probe reads, in the order vLLM numbers them
+    @property
+    def device(self) -> DeviceInfo:
+        """The first device: tier auto, emulation and reports name it."""
+        ...
+
+    @property
+    def devices(self) -> tuple[DeviceInfo, ...]:
+        """Every device the probe reads, in the order vLLM numbers them."""
+        ...
 
     def read(self, pids: Collection[int]) -> tuple[int, ...]:
         """Bytes held by these processes (and, on GPUs, by processes new on the devices) per device now.

@@ -121,7 +121,7 @@ class Nvml:
         return int(self.call("count the GPUs", "this host", self.module.nvmlDeviceGetCount))
 
     def handle_by_index(self, index: int) -> Any:
-        return self.call("open the device", f"GPU {index}", self.module.nvmlDeviceGetHandleByIndex, index)
+        return self.call("open a handle", f"GPU {index}", self.module.nvmlDeviceGetHandleByIndex, index)
 
     def memory(self, handle: Any, label: str) -> tuple[int, int, int]:
         """(total, used, free) bytes of a GPU or a MIG slice."""
