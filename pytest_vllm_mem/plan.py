@@ -212,11 +212,12 @@ def _scaled(value: int, low: float, high: float, floor: int = 0, source: str = "
 
 def gpu_activation(info: ModelInfo, *, tp: int, dtype: float, batched_tokens: int, max_num_seqs: int) -> Estimate:
     """The profile run's torch peak beyond the weights: one batch of max_num_batched_tokens through a layer (the
-    MLP's gate/up output dominates) plus the sampler's float32 logits for max_num_seqs requests."""
+    MLP's gate/up output dominates) plus the sampler's float32 logits for max_num_seqs requests. Public logs show
+    it does not shrink with TP (1.89 GiB for Llama-3.1-8B at TP 1, 2 and 4), so it is not divided by `tp`."""
     inter = (info.moe_intermediate_size or info.intermediate_size) * max(1, info.experts_per_token)
-    per_token = (2 * inter / tp + 4 * info.hidden_size + (info.num_attention_heads + 2 * info.num_kv_heads)
-                 * info.head_dim / tp) * dtype
-    logits = max_num_seqs * info.vocab_size / tp * 4 * 2
+    per_token = (2 * inter + 4 * info.hidden_size + (info.num_attention_heads + 2 * info.num_kv_heads)
+                 * info.head_dim) * dtype
+    logits = max_num_seqs * info.vocab_size * 4 * 2
     value = int(batched_tokens * per_token + logits)
     return _scaled(value, 0.5, 2.5, floor=GIB // 4)
 
@@ -226,7 +227,7 @@ def gpu_non_torch(tp: int, nvlink: bool) -> Estimate:
     if tp <= 1:
         return Estimate(int(0.3 * GIB), int(0.1 * GIB), int(0.8 * GIB), "estimate")
     if nvlink:
-        return Estimate(int(1.6 * GIB), int(0.4 * GIB), int(2.6 * GIB), "estimate")
+        return Estimate(int(2.1 * GIB), int(1.0 * GIB), int(3.6 * GIB), "estimate")
     return Estimate(int(0.6 * GIB), int(0.2 * GIB), int(1.5 * GIB), "estimate")
 
 
@@ -313,9 +314,18 @@ def plan(info: ModelInfo, flags: Mapping[str, Any], card: Card, *, env: Mapping[
     block = _int_flag(flags, "block_size", CPU_BLOCK_SIZE if cpu else GPU_BLOCK_SIZE)
     if info.is_mla and not cpu:
         block = _int_flag(flags, "block_size", 64)  # FlashMLA's page size
+    if _int_flag(flags, "pipeline_parallel_size", 1) > 1:
+        raise PlanUnsupported(f"pipeline_parallel_size {flags['pipeline_parallel_size']}: the plan does not model "
+                              "pipeline stages (uneven layer splits, per-stage activations and P2P buffers). Plan the "
+                              "config with tensor parallelism only, or measure it with a real startup.")
     large = card.total_bytes >= 70 * GIB
-    seqs = _int_flag(flags, "max_num_seqs", 128 if cpu else (1024 if large else 256))
-    batched = _int_flag(flags, "max_num_batched_tokens", 2048 if cpu or not large else 8192)
+    v0 = _version_tuple(vllm_version) < (0, 8)  # the V0 engine: no chunked prefill up to 32k, 256 sequences
+    default_seqs = 128 if cpu else (256 if v0 or not large else 1024)
+    seqs = _int_flag(flags, "max_num_seqs", default_seqs)
+    default_batched = 2048 if cpu or not large else 8192
+    if v0 and not cpu:  # V0 profiles one batch of max_model_len tokens when chunked prefill is off (<= 32k)
+        default_batched = max(max_model_len, 2048) if max_model_len <= 32768 else 2048
+    batched = _int_flag(flags, "max_num_batched_tokens", default_batched)
     eager = bool(_flag(flags, "enforce_eager", False))
     requested = math.ceil(card.total_bytes * utilization)
     weights = weights_per_gpu(info, tp=tp, dtype=dtype, quantization=_flag(flags, "quantization"))
