@@ -2,7 +2,9 @@
 
 Each rung names a flag, its current value and the value to try (`gpu_memory_utilization 0.9 -> 0.8`), then why in
 parentheses, best rung first. Nothing here is fixed text: every number comes from the diagnosis, the startup log
-or the measured peak, so the advice changes when the measurement does.
+or the measured peak (device total, requested budget, non-KV usage, CUDA graph pool, the failed allocation), so the
+advice changes when the measurement does. Only when a log gives no figure at all does a rung fall back to a step,
+and it says so.
 """
 
 from __future__ import annotations
@@ -12,20 +14,23 @@ import re
 from typing import TYPE_CHECKING
 
 from .diagnose import Diagnosis, StartupMemory, rejected_flags
+from .units import GIB
 
 if TYPE_CHECKING:
     from .config import VLLMConfig
 
-GIB = 1024**3
-UTILIZATION_STEP = 0.1
+UTILIZATION_STEP = 0.05  # only when the log gives no device total to compute from
 UTILIZATION_FLOOR = 0.5  # below this a GPU server keeps too little for the KV cache to be worth running
 UTILIZATION_CEILING = 0.95
+MARGIN = 0.01  # a point of the device for memory that moves between the measurement and the next start
 MIN_MAX_MODEL_LEN = 256
+MIN_BATCHED_TOKENS = 256
 
 # Flags that vLLM dropped, with what replaced them: said alongside "not accepted".
 _REMOVED_FLAGS = {
     "--swap-space": "vLLM removed --swap-space; the V1 engine does not swap to CPU",
 }
+CPU_KVCACHE_SPACE_DEFAULT_GIB = 4  # VLLM_CPU_KVCACHE_SPACE when unset (vLLM's CPU backend up to 0.11)
 
 
 def _fmt(value: float) -> str:
@@ -49,12 +54,14 @@ def _utilization(config: "VLLMConfig", memory: StartupMemory | None,
     """(current value, how to name it): 'default 0.9' when the config leaves it to vLLM.
 
     `measured` is the value the log shows vLLM used, preferred over the version's default when the flag is unset
-    (platforms may default differently).
+    (platforms may default differently); the startup log's own figure is the next best.
     """
     value = config.flag("gpu_memory_utilization")
     if value is not None:
         number = float(value)
         return number, _fmt(number)
+    if measured is None and memory is not None:
+        measured = memory.gpu_memory_utilization
     number = measured if measured is not None else default_utilization(memory.vllm_version if memory else None)
     return number, f"default {_fmt(number)}"
 
@@ -84,12 +91,39 @@ def tier_label(tier_bytes: int) -> str:
     return f"{_fmt(tier_bytes / GIB)}gb"
 
 
-def _lower_utilization(config: "VLLMConfig", memory: StartupMemory | None, reason: str) -> str | None:
+def _device_total(diagnosis: Diagnosis | None, memory: StartupMemory | None) -> float | None:
+    """The device (or CPU node) total in GiB: from the error itself, else from the startup summary lines."""
+    if diagnosis is not None and diagnosis.figures.get("device_total_gib"):
+        return diagnosis.figures["device_total_gib"]
+    return memory.device_total_gib if memory is not None and memory.device_total_gib else None
+
+
+def _shortfall(diagnosis: Diagnosis) -> float | None:
+    """GiB the failed allocation was short: tried minus what was free (torch prints both), else what it tried."""
+    tried = diagnosis.figures.get("tried_allocate_gib")
+    if tried is None:
+        return None
+    free = diagnosis.figures.get("free_gib")
+    return max(tried - free, 0.0) if free is not None and free < tried else tried
+
+
+def _lower_utilization(config: "VLLMConfig", memory: StartupMemory | None, diagnosis: Diagnosis | None,
+                       room_gib: float | None, reason: str) -> str | None:
+    """gpu_memory_utilization lowered by room_gib of the device (plus a margin point), floored to a hundredth.
+
+    Without a device total or a room figure the log gives nothing to compute from: one UTILIZATION_STEP, said so.
+    """
     current, shown = _utilization(config, memory)
-    target = max(UTILIZATION_FLOOR, round(current - UTILIZATION_STEP, 2))
+    total = _device_total(diagnosis, memory)
+    if room_gib is not None and total:
+        target = max(UTILIZATION_FLOOR, _floor_to(current - room_gib / total - MARGIN, 0.01))
+        why = f"{reason}: {room_gib:.2f} GiB more of the {total:.2f} GiB device stays outside vLLM's budget"
+    else:
+        target = max(UTILIZATION_FLOOR, round(current - UTILIZATION_STEP, 2))
+        why = f"{reason}; a {_fmt(UTILIZATION_STEP)} step: the log gives no device total to size it"
     if target >= current:
         return None
-    return f"gpu_memory_utilization {shown} -> {_fmt(target)} ({reason})"
+    return f"gpu_memory_utilization {shown} -> {_fmt(target)} ({why})"
 
 
 def _shorter_context(config: "VLLMConfig", memory: StartupMemory | None) -> str | None:
@@ -103,22 +137,84 @@ def _shorter_context(config: "VLLMConfig", memory: StartupMemory | None) -> str 
     return f"max_model_len {shown} -> {target} (KV cache holds {memory.kv_cache_tokens:,} tokens)"
 
 
+def _graph_pool(memory: StartupMemory | None) -> float | None:
+    """The CUDA graph pool vLLM measured (actual), else its estimate, else the capture's own figure."""
+    if memory is None:
+        return None
+    for value in (memory.graph_pool_gib, memory.graph_pool_estimate_gib, memory.graph_capture_gib):
+        if value is not None and value > 0:
+            return value
+    return None
+
+
 def _eager(config: "VLLMConfig", memory: StartupMemory | None) -> str | None:
     if config.flag("enforce_eager"):
         return None
-    if memory is not None and memory.graph_capture_gib is not None:
-        return f"add enforce_eager (graph capture took {memory.graph_capture_gib:.2f} GiB)"
+    pool = _graph_pool(memory)
+    if pool is not None:
+        return f"add enforce_eager (skips CUDA graph capture and its {pool:.2f} GiB pool)"
     return "add enforce_eager (skips CUDA graph capture and its memory pool)"
 
 
+def _fewer_seqs(config: "VLLMConfig", diagnosis: Diagnosis) -> str | None:
+    """The sampler warm-up runs max_num_seqs dummy requests: halve the number the log reports."""
+    requests = diagnosis.figures.get("dummy_requests")
+    current = config.flag("max_num_seqs")
+    count = int(current) if current is not None else (int(requests) if requests else None)
+    if count is None or count <= 1:
+        return None
+    shown = str(current) if current is not None else f"default {count}"
+    return (f"max_num_seqs {shown} -> {max(1, count // 2)} (the sampler warm-up allocates logits for "
+            f"{count} dummy requests at once)")
+
+
+def _fewer_batched_tokens(config: "VLLMConfig") -> str:
+    current = config.flag("max_num_batched_tokens")
+    if current is not None:
+        target = max(MIN_BATCHED_TOKENS, int(current) // 2)
+        return (f"max_num_batched_tokens {current} -> {target} (the profiling pass runs one batch of that many "
+                "tokens; its activations must fit beside the weights)")
+    return ("set max_num_batched_tokens below vLLM's default, e.g. 1024 (the profiling pass runs one batch of that "
+            "many tokens; its activations must fit beside the weights)")
+
+
 def _device_oom(diagnosis: Diagnosis, config: "VLLMConfig", memory: StartupMemory | None) -> list[str]:
-    tried = diagnosis.figures.get("tried_allocate_gib")
-    room = f"room for the {tried:.2f} GiB allocation that failed" if tried else "room for activations"
-    rungs = [
-        _lower_utilization(config, memory, f"leaves {room} outside vLLM's budget"),
-        _shorter_context(config, memory),
-        _eager(config, memory),
-    ]
+    """Rungs by the phase the traceback shows: what was being allocated decides what to shrink."""
+    phase = diagnosis.phase
+    room = _shortfall(diagnosis)
+    tried, free = diagnosis.figures.get("tried_allocate_gib"), diagnosis.figures.get("free_gib")
+    if tried is not None and free is not None:
+        shown_room = f"a {tried:.2f} GiB allocation failed with {free:.2f} GiB free"
+    elif tried is not None:
+        shown_room = f"a {tried:.2f} GiB allocation failed"
+    else:
+        shown_room = "an allocation outside the budget failed"
+    rungs: list[str | None]
+    if phase == "graph_capture":
+        pool = _graph_pool(memory)
+        graph_room = max(r for r in (room, pool) if r is not None) if (room or pool) else None
+        rungs = [_eager(config, memory),
+                 _lower_utilization(config, memory, diagnosis, graph_room,
+                                    "CUDA graphs are captured after the KV cache took its budget")]
+    elif phase == "sampler_warmup":
+        rungs = [_fewer_seqs(config, diagnosis),
+                 _lower_utilization(config, memory, diagnosis, room,
+                                    "the sampler's buffers are allocated after the KV cache took its budget")]
+    elif phase == "profiling":
+        rungs = [_fewer_batched_tokens(config), _shorter_context(config, memory),
+                 f"tensor_parallel_size {int(config.flag('tensor_parallel_size', 1) or 1) * 2} (splits the weights "
+                 "and the activation peak across devices)"]
+    elif phase == "kv_cache_allocation":
+        rungs = [_lower_utilization(config, memory, diagnosis, room,
+                                    f"the KV cache is sized from the budget and {shown_room}"),
+                 _shorter_context(config, memory)]
+    elif phase == "wake_up":
+        rungs = [_lower_utilization(config, memory, diagnosis, room,
+                                    "waking up re-allocates weights and KV cache beside what others took meanwhile"),
+                 "free device memory held by the other user of the device (e.g. the trainer) before wake_up"]
+    else:  # serving, or a phase the log does not show
+        rungs = [_lower_utilization(config, memory, diagnosis, room, shown_room),
+                 _shorter_context(config, memory), _eager(config, memory)]
     return [rung for rung in rungs if rung]
 
 
@@ -156,9 +252,29 @@ def _host_memory(diagnosis: Diagnosis, config: "VLLMConfig", memory: StartupMemo
                          "available)")
         return rungs
     rungs = ["the host ran out of RAM, not device memory: stop other processes or use a machine with more RAM"]
-    rungs += [r for r in (_lower_utilization(config, memory, "the CPU backend sizes its KV cache from it"),
+    rungs += [r for r in (_lower_utilization(config, memory, diagnosis, None,
+                                             "the CPU backend sizes its KV cache from it"),
                           _shorter_context(config, memory)) if r]
     return rungs
+
+
+def _raise_utilization(config: "VLLMConfig", memory: StartupMemory | None, diagnosis: Diagnosis,
+                       missing_gib: float | None) -> str | None:
+    """gpu_memory_utilization raised by the GiB the KV cache lacks (10 % spare), over the device total."""
+    utilization, shown = _utilization(config, memory, diagnosis.figures.get("gpu_memory_utilization"))
+    total = _device_total(diagnosis, memory)
+    if missing_gib is not None and total:
+        target = _ceil_to(utilization + missing_gib * 1.1 / total + MARGIN, 0.01)
+        why = (f"the KV cache lacks {missing_gib:.2f} GiB of the {total:.2f} GiB device; it gets what is left of "
+               "the budget after weights, activations and graphs")
+    else:
+        target = round(utilization + 2 * UTILIZATION_STEP, 2)
+        why = (f"a {_fmt(2 * UTILIZATION_STEP)} step: the log gives no device total to size it; the KV cache gets "
+               "what is left of the budget after weights and activations")
+    target = min(target, UTILIZATION_CEILING)
+    if target <= utilization:
+        return None
+    return f"raise gpu_memory_utilization {shown} -> {_fmt(target)} ({why})"
 
 
 def _kv_cache_insufficient(diagnosis: Diagnosis, config: "VLLMConfig", memory: StartupMemory | None) -> list[str]:
@@ -167,24 +283,34 @@ def _kv_cache_insufficient(diagnosis: Diagnosis, config: "VLLMConfig", memory: S
     configured_len = figures.get("max_model_len") or config.flag("max_model_len")
     current_len = int(configured_len) if configured_len else None
     estimate = figures.get("estimated_max_model_len")
-    tokens = memory.kv_cache_tokens if memory is not None else None
+    tokens = figures.get("kv_cache_tokens") or (memory.kv_cache_tokens if memory is not None else None)
     needed, available = figures.get("needed_gib"), figures.get("available_gib")
-    if current_len and needed and available and available > 0:
-        ceiling = estimate if estimate else (tokens if tokens else current_len * available / needed)
+    if current_len and (estimate or tokens or (needed and available and available > 0)):
+        ceiling = estimate or tokens or current_len * (available or 0.0) / (needed or 1.0)
         target = _round_model_len(ceiling)
         if target < current_len:
             if tokens:
-                holds = f"the KV cache holds only {tokens:,} tokens"
+                holds = f"the KV cache holds only {int(tokens):,} tokens"
             else:
                 holds = (f"the KV cache has {available:.2f} GiB, one {current_len:,}-token sequence needs "
                          f"{needed:.2f} GiB")
             why = f"{holds}; vLLM estimates a maximum of {int(estimate):,}" if estimate else holds
             rungs.append(f"max_model_len {current_len} -> {target} ({why})")
     cpu_space = config.env.get("VLLM_CPU_KVCACHE_SPACE")
-    if cpu_space is not None and needed:
-        target_gib = max(math.ceil(needed * 1.1), int(float(cpu_space)) + 1)
-        rungs.append(f"{'or ' if rungs else ''}VLLM_CPU_KVCACHE_SPACE {cpu_space} -> {target_gib} "
-                     f"(GiB; one sequence needs {needed:.2f} GiB)")
+    if cpu_space is not None or figures.get("cpu_backend"):
+        space = float(cpu_space) if cpu_space is not None else float(CPU_KVCACHE_SPACE_DEFAULT_GIB)
+        shown = cpu_space if cpu_space is not None else f"default {CPU_KVCACHE_SPACE_DEFAULT_GIB}"
+        if needed:
+            target_gib = max(math.ceil(needed * 1.1), int(space) + 1)
+            why = f"GiB; one sequence needs {needed:.2f} GiB"
+        elif tokens and current_len:
+            # The space holds `tokens` tokens: scale it to one max_model_len sequence, 10 % spare.
+            target_gib = max(math.ceil(space * current_len / tokens * 1.1), int(space) + 1)
+            why = f"GiB; {_fmt(space)} GiB hold {int(tokens):,} tokens, one sequence is {current_len:,}"
+        else:
+            target_gib = int(space) * 2
+            why = "GiB"
+        rungs.append(f"{'or ' if rungs else ''}VLLM_CPU_KVCACHE_SPACE {shown} -> {target_gib} ({why})")
         return rungs
     explicit_bytes = config.flag("kv_cache_memory_bytes")
     if explicit_bytes is not None and needed:
@@ -193,17 +319,20 @@ def _kv_cache_insufficient(diagnosis: Diagnosis, config: "VLLMConfig", memory: S
                      f"(one sequence needs {needed:.2f} GiB)")
         return rungs
     # Too low a utilization is a cause too: the pool is what is left of the budget after weights and activations.
-    utilization, shown = _utilization(config, memory)
-    total = memory.device_total_gib if memory is not None else None
-    if needed and available is not None and total:
-        target = _ceil_to(utilization + (needed - available) * 1.1 / total, 0.05)
-    else:
-        target = round(utilization + UTILIZATION_STEP, 2)
-    target = min(target, UTILIZATION_CEILING)
-    if target > utilization:
-        rungs.append(f"{'or ' if rungs else ''}raise gpu_memory_utilization {shown} -> {_fmt(target)} "
-                     "(the KV cache gets what is left of the budget after weights and activations)")
-    if available is not None and available <= 0:
+    missing: float | None = None
+    if needed is not None and available is not None:
+        missing = needed - available
+    elif available is not None and available <= 0:
+        missing = -available
+    graph = figures.get("graph_estimate_gib")
+    raised = _raise_utilization(config, memory, diagnosis, missing)
+    if raised:
+        rungs.append(f"{'or ' if rungs else ''}{raised}")
+    if graph:
+        # The estimate comes out of the KV budget first: when it alone empties the pool, skipping it is the fix.
+        rungs.insert(0, f"skip the CUDA graph reservation: env VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 or add "
+                        f"enforce_eager (vLLM set {graph:.2f} GiB aside for graphs before sizing the KV cache)")
+    elif (available is not None and available <= 0) or "No available memory" in " ".join(diagnosis.root_cause):
         eager = _eager(config, memory)
         if eager:
             rungs.append(eager)
@@ -218,7 +347,7 @@ def _insufficient_free_memory(diagnosis: Diagnosis, config: "VLLMConfig", memory
                 "still be shutting down) or lower gpu_memory_utilization"]
     held = total - free
     # vLLM needs ceil(total * utilization) free at startup; a point of margin for memory that moves meanwhile.
-    fit = _floor_to(free / total - 0.01, 0.01)
+    fit = _floor_to(free / total - MARGIN, 0.01)
     if fit < 0.1:
         return [f"another process holds {held:.2f} GiB of this {total:.2f} GiB device: wait for it to exit "
                 "(too little is free for any useful gpu_memory_utilization)"]
@@ -228,6 +357,36 @@ def _insufficient_free_memory(diagnosis: Diagnosis, config: "VLLMConfig", memory
         asked += f"{free:.2f} GiB are free)"
     return [f"another process holds {held:.2f} GiB on this device: wait for it to exit or lower "
             f"gpu_memory_utilization to {_fmt(fit)}{asked}"]
+
+
+def _memory_profiling_error(diagnosis: Diagnosis) -> list[str]:
+    figures = diagnosis.figures
+    moved = ""
+    if "initial_free_gib" in figures and "current_free_gib" in figures:
+        moved = (f" (free memory went from {figures['initial_free_gib']:.2f} to {figures['current_free_gib']:.2f} "
+                 "GiB during profiling)")
+    return [f"run vLLM on a device no other process allocates on or frees while it starts{moved}: pick another "
+            "GPU with CUDA_VISIBLE_DEVICES, or start vLLM before (or after) the other process settles",
+            "retry once the other process on the device is idle (vLLM profiles once, at startup)"]
+
+
+def _external_weights_over_budget(diagnosis: Diagnosis, config: "VLLMConfig",
+                                  memory: StartupMemory | None) -> list[str]:
+    figures = diagnosis.figures
+    external, total = figures.get("external_gib"), figures.get("device_total_gib")
+    current, shown = _utilization(config, memory, figures.get("gpu_memory_utilization"))
+    if external is None or not total:
+        return ["raise gpu_memory_utilization: the budget must cover the weights held outside vLLM's process plus "
+                "vLLM's own activations and KV cache"]
+    # The engine gets budget - external: leave it a tenth of the device for activations, graphs and a KV cache.
+    target = min(UTILIZATION_CEILING, _ceil_to(external / total + 0.1, 0.01))
+    rungs = []
+    if target > current:
+        rungs.append(f"raise gpu_memory_utilization {shown} -> {_fmt(target)} (the budget counts the {external:.2f} "
+                     f"GiB of weights held outside vLLM; this leaves {target * total - external:.2f} GiB of the "
+                     f"{total:.2f} GiB device for vLLM's own activations and KV cache)")
+    rungs.append("or load fewer weights outside vLLM's process on this device")
+    return rungs
 
 
 def _weights_too_large(diagnosis: Diagnosis, config: "VLLMConfig", memory: StartupMemory | None,
@@ -248,7 +407,18 @@ def _weights_too_large(diagnosis: Diagnosis, config: "VLLMConfig", memory: Start
             f"tensor_parallel_size {tp * 2}"]
 
 
+def _usage(diagnosis: Diagnosis, memory: StartupMemory | None) -> list[str]:
+    version = f" {memory.vllm_version}" if memory is not None and memory.vllm_version else ""
+    if "positional argument (" in diagnosis.summary:
+        return ["pass the model with --model to python -m vllm.entrypoints.openai.api_server, or launch "
+                f"`vllm serve <model>` (the installed vLLM{version} refused a positional argument)"]
+    return [f"pass the model as the first positional argument: `vllm serve <model> [flags]` (the installed "
+            f"vLLM{version}: {diagnosis.summary})"]
+
+
 def _bad_flag(diagnosis: Diagnosis, config: "VLLMConfig", memory: StartupMemory | None) -> list[str]:
+    if diagnosis.phase == "usage":
+        return _usage(diagnosis, memory)
     version = f" {memory.vllm_version}" if memory is not None and memory.vllm_version else ""
     unrecognized = "unrecognized arguments" in " ".join(diagnosis.root_cause)
     rungs = []
@@ -292,7 +462,7 @@ def _peak_over_tier(config: "VLLMConfig", memory: StartupMemory | None, tier_byt
                 f"{int(config.flag('tensor_parallel_size', 1) or 1) * 2}"]
     current, shown = _utilization(config, memory)
     # vLLM's footprint scales with the utilization budget; scale it by tier/peak, less a point of margin.
-    target = round(_floor_to(current * tier / peak, 0.01) - 0.01, 2)
+    target = round(_floor_to(current * tier / peak, 0.01) - MARGIN, 2)
     if target <= 0.05:
         return [f"peak {peak:.2f} GiB exceeds the {label} tier by {over:.2f} GiB: this model does not fit the tier"]
     rungs = [f"peak {peak:.2f} GiB exceeds the {label} tier by {over:.2f} GiB: gpu_memory_utilization "
@@ -319,6 +489,10 @@ def advise(diagnosis: Diagnosis | None, config: "VLLMConfig", memory: StartupMem
         return _kv_cache_insufficient(diagnosis, config, memory)
     if kind == "insufficient_free_memory":
         return _insufficient_free_memory(diagnosis, config, memory)
+    if kind == "memory_profiling_error":
+        return _memory_profiling_error(diagnosis)
+    if kind == "external_weights_over_budget":
+        return _external_weights_over_budget(diagnosis, config, memory)
     if kind == "weights_too_large":
         return _weights_too_large(diagnosis, config, memory, tier_bytes)
     if kind == "bad_flag":

@@ -16,8 +16,8 @@ def from_log(name: str, returncode: int = 1) -> tuple[Diagnosis, StartupMemory]:
     return classify_failure(text, returncode), parse_startup_memory(text)
 
 
-def oom(**figures: float) -> Diagnosis:
-    return Diagnosis("cuda_oom", "vLLM ran out of device memory while serving requests", (), dict(figures))
+def oom(phase: str | None = "serving", **figures: float) -> Diagnosis:
+    return Diagnosis("cuda_oom", "vLLM ran out of device memory", (), dict(figures), phase)
 
 
 # --- helpers ----------------------------------------------------------------------------------------------------
@@ -41,42 +41,73 @@ def test_tier_label() -> None:
     assert tier_label(int(7.5 * GIB)) == "7.5gb"
 
 
-# --- cuda_oom -------------------------------------------------------------------------------------------------------
+# --- cuda_oom: the phase decides the rungs, the figures decide the values -----------------------------------------
 
 
-def test_cuda_oom_full_ladder_from_measured_figures() -> None:
-    config = VLLMConfig("m", gpu_memory_utilization=0.9, max_model_len=32768)
-    memory = StartupMemory(kv_cache_tokens=9_344, graph_capture_gib=1.6)
-    assert advise(oom(tried_allocate_gib=0.5), config, memory) == [
-        "gpu_memory_utilization 0.9 -> 0.8 (leaves room for the 0.50 GiB allocation that failed outside vLLM's "
-        "budget)",
-        "max_model_len 32768 -> 8192 (KV cache holds 9,344 tokens)",
-        "add enforce_eager (graph capture took 1.60 GiB)",
+def test_serving_oom_lowers_utilization_by_the_shortfall() -> None:
+    diagnosis, memory = from_log("gpu-0.8-serving-oom-v0-13221.log")
+    rungs = advise(diagnosis, VLLMConfig("m", gpu_memory_utilization=0.9), memory)
+    # 1.50 GiB tried, 0.2571 GiB free: 1.24 GiB short on a 44.53 GiB card -> 0.9 - 1.24/44.53 - 0.01 = 0.862 -> 0.86
+    assert rungs[0] == ("gpu_memory_utilization 0.9 -> 0.86 (a 1.50 GiB allocation failed with 0.26 GiB free: 1.24 "
+                        "GiB more of the 44.53 GiB device stays outside vLLM's budget)")
+    assert rungs[-1] == "add enforce_eager (skips CUDA graph capture and its memory pool)"
+
+
+def test_oom_advice_moves_with_the_measurement() -> None:
+    small = advise(oom(tried_allocate_gib=0.5, free_gib=0.1, device_total_gib=80.0), VLLMConfig("m"), None)[0]
+    large = advise(oom(tried_allocate_gib=8.0, free_gib=0.1, device_total_gib=80.0), VLLMConfig("m"), None)[0]
+    assert small.startswith("gpu_memory_utilization default 0.9 -> 0.88 ")
+    assert large.startswith("gpu_memory_utilization default 0.9 -> 0.79 ")
+
+
+def test_graph_capture_oom_advises_eager_first_not_weights() -> None:
+    diagnosis, memory = from_log("gpu-0.9-graph-capture-cuda-error-oom-19186.log")
+    rungs = advise(diagnosis, VLLMConfig("m", gpu_memory_utilization=0.95), memory)
+    assert rungs[0] == "add enforce_eager (skips CUDA graph capture and its memory pool)"
+    # "CUDA error: out of memory" carries no sizes: the one rung without figures says it is a step.
+    assert rungs[1] == ("gpu_memory_utilization 0.95 -> 0.9 (CUDA graphs are captured after the KV cache took its "
+                        "budget; a 0.05 step: the log gives no device total to size it)")
+    assert not any("weights" in rung for rung in rungs)
+
+
+def test_graph_capture_oom_sized_by_the_graph_pool_from_the_startup_summary() -> None:
+    memory = StartupMemory(device_total_gib=23.55, gpu_memory_utilization=0.92, graph_pool_estimate_gib=1.2)
+    rungs = advise(oom("graph_capture"), VLLMConfig("m"), memory)
+    assert rungs == [
+        "add enforce_eager (skips CUDA graph capture and its 1.20 GiB pool)",
+        "gpu_memory_utilization default 0.92 -> 0.85 (CUDA graphs are captured after the KV cache took its budget: "
+        "1.20 GiB more of the 23.55 GiB device stays outside vLLM's budget)",
     ]
 
 
-def test_cuda_oom_unset_utilization_names_the_versions_default() -> None:
-    rungs = advise(oom(), VLLMConfig("m"), StartupMemory(vllm_version="0.10.2", kv_cache_tokens=13_136))
-    assert rungs[0] == "gpu_memory_utilization default 0.9 -> 0.8 (leaves room for activations outside vLLM's budget)"
-    assert rungs[1] == "max_model_len model default -> 8192 (KV cache holds 13,136 tokens)"
-    assert advise(oom(), VLLMConfig("m"), StartupMemory(vllm_version="0.32.0"))[0].startswith(
-        "gpu_memory_utilization default 0.92 -> 0.82")
+def test_sampler_warmup_oom_halves_max_num_seqs() -> None:
+    diagnosis, memory = from_log("gpu-0.13-sampler-warmup-oom-2080ti-19445.log")
+    rungs = advise(diagnosis, VLLMConfig("m"), memory)
+    assert rungs[0] == ("max_num_seqs default 256 -> 128 (the sampler warm-up allocates logits for 256 dummy requests "
+                        "at once)")
+    assert rungs[1].startswith("gpu_memory_utilization default 0.9 -> 0.88 (the sampler's buffers are allocated after "
+                               "the KV cache took its budget: 0.09 GiB more of the 10.57 GiB device")
+    assert advise(diagnosis, VLLMConfig("m", max_num_seqs=64), memory)[0].startswith("max_num_seqs 64 -> 32 ")
 
 
-def test_cuda_oom_floor_eager_and_short_context_already_set() -> None:
-    config = VLLMConfig("m", gpu_memory_utilization=0.55, max_model_len=4096, enforce_eager=True)
-    rungs = advise(oom(), config, StartupMemory(kv_cache_tokens=9_344, graph_capture_gib=1.6))
-    assert rungs == ["gpu_memory_utilization 0.55 -> 0.5 (leaves room for activations outside vLLM's budget)"]
-    assert advise(oom(), config.with_flags(gpu_memory_utilization=0.5), None) == []
+def test_profiling_oom_shrinks_the_profiled_batch() -> None:
+    rungs = advise(oom("profiling", tried_allocate_gib=2.0), VLLMConfig("m", max_num_batched_tokens=8192,
+                                                                       tensor_parallel_size=2), None)
+    assert rungs[0].startswith("max_num_batched_tokens 8192 -> 4096 (the profiling pass runs one batch")
+    assert rungs[-1].startswith("tensor_parallel_size 4 ")
 
 
-def test_cuda_oom_from_the_profiling_log() -> None:
-    diagnosis, memory = from_log("gpu-0.33-oom-profiling.log")
-    assert advise(diagnosis, VLLMConfig("m", max_model_len=32768), memory) == [
-        "gpu_memory_utilization default 0.92 -> 0.82 (leaves room for the 0.50 GiB allocation that failed outside "
-        "vLLM's budget)",
-        "add enforce_eager (skips CUDA graph capture and its memory pool)",
-    ]
+def test_kv_allocation_oom_and_wake_up() -> None:
+    diagnosis, memory = from_log("gpu-0.4-kv-alloc-oom-qwen458.log")
+    assert advise(diagnosis, VLLMConfig("m", gpu_memory_utilization=0.9), memory)[0].startswith(
+        "gpu_memory_utilization 0.9 -> 0.85 (the KV cache is sized from the budget and a 0.63 GiB allocation failed")
+    diagnosis, memory = from_log("gpu-0.7-wake-up-oom-cumem-13941.log")
+    assert advise(diagnosis, VLLMConfig("m"), memory)[1].startswith("free device memory held by the other user")
+
+
+def test_cuda_oom_floor_and_eager_already_set() -> None:
+    config = VLLMConfig("m", gpu_memory_utilization=0.5, max_model_len=4096, enforce_eager=True)
+    assert advise(oom(tried_allocate_gib=1.0, device_total_gib=24.0), config, None) == []
 
 
 # --- host_memory ----------------------------------------------------------------------------------------------------
@@ -115,36 +146,56 @@ def test_host_memory_cpu_explicit_kv_size() -> None:
 
 
 def test_host_memory_generic() -> None:
-    diagnosis = Diagnosis("host_memory", "the host ran out of memory (RAM, not device memory)", ("MemoryError",), {})
+    diagnosis = classify_failure("MemoryError\n", -6)
     rungs = advise(diagnosis, VLLMConfig("m", gpu_memory_utilization=0.8, max_model_len=16384),
                    StartupMemory(kv_cache_tokens=4_000))
-    assert rungs == [
-        "the host ran out of RAM, not device memory: stop other processes or use a machine with more RAM",
-        "gpu_memory_utilization 0.8 -> 0.7 (the CPU backend sizes its KV cache from it)",
-        "max_model_len 16384 -> 2048 (KV cache holds 4,000 tokens)",
-    ]
+    assert rungs[0] == "the host ran out of RAM, not device memory: stop other processes or use a machine with more RAM"
+    assert rungs[2] == "max_model_len 16384 -> 2048 (KV cache holds 4,000 tokens)"
 
 
 # --- kv_cache_insufficient ------------------------------------------------------------------------------------------
 
 
-def test_kv_cache_insufficient_uses_vllms_estimate_then_utilization() -> None:
-    diagnosis, memory = from_log("gpu-0.10-kv-cache-insufficient.log")
-    rungs = advise(diagnosis, VLLMConfig("m", gpu_memory_utilization=0.3, max_model_len=131072), memory)
+def test_v0_kv_too_small_gpu_computes_the_raise_from_the_profiling_figures() -> None:
+    diagnosis, memory = from_log("gpu-0.6-kv-max-seq-len-10517.log")
+    rungs = advise(diagnosis, VLLMConfig("m", max_model_len=29000), memory)
     assert rungs == [
-        "max_model_len 131072 -> 49152 (the KV cache has 6.42 GiB, one 131,072-token sequence needs 16.00 GiB; vLLM "
-        "estimates a maximum of 52,576)",
-        "or raise gpu_memory_utilization 0.3 -> 0.4 (the KV cache gets what is left of the budget after weights and "
-        "activations)",
+        "max_model_len 29000 -> 21504 (the KV cache holds only 23,648 tokens)",
+        # needs 3.54 GiB, has 2.89 -> 0.9 (read from the log) + 0.65 * 1.1 / 23.58 + 0.01 -> 0.95
+        "or raise gpu_memory_utilization default 0.9 -> 0.95 (the KV cache lacks 0.65 GiB of the 23.58 GiB device; it "
+        "gets what is left of the budget after weights, activations and graphs)",
     ]
 
 
-def test_kv_cache_insufficient_with_known_token_capacity() -> None:
-    diagnosis = Diagnosis("kv_cache_insufficient", "", (), {"max_model_len": 32768, "needed_gib": 4.0,
-                                                            "available_gib": 1.14})
-    rungs = advise(diagnosis, VLLMConfig("m", gpu_memory_utilization=0.9), StartupMemory(kv_cache_tokens=9_344))
-    assert rungs[0] == "max_model_len 32768 -> 8192 (the KV cache holds only 9,344 tokens)"
-    assert rungs[1].startswith("or raise gpu_memory_utilization 0.9 -> 0.95 ")
+def test_v0_kv_too_small_cpu_scales_the_kv_space() -> None:
+    diagnosis, memory = from_log("cpu-0.8-kv-max-seq-len-cpu-opea1762.log")
+    assert advise(diagnosis, VLLMConfig("m"), memory) == [
+        "max_model_len 131072 -> 20480 (the KV cache holds only 21,840 tokens)",
+        "or VLLM_CPU_KVCACHE_SPACE default 4 -> 27 (GiB; 4 GiB hold 21,840 tokens, one sequence is 131,072)",
+    ]
+    config = VLLMConfig("m", env={"VLLM_CPU_KVCACHE_SPACE": "40"})
+    assert advise(diagnosis, config, memory)[1] == (
+        "or VLLM_CPU_KVCACHE_SPACE 40 -> 265 (GiB; 40 GiB hold 21,840 tokens, one sequence is 131,072)")
+
+
+def test_kv_cache_insufficient_uses_vllms_estimate() -> None:
+    diagnosis, memory = from_log("gpu-0.14-kv-cache-needed-pp-32105.log")
+    rungs = advise(diagnosis, VLLMConfig("m"), StartupMemory(device_total_gib=80.0))
+    assert rungs[0] == ("max_model_len 202752 -> 76800 (the KV cache has 28.57 GiB, one 202,752-token sequence needs "
+                        "71.16 GiB; vLLM estimates a maximum of 81,392)")
+    assert rungs[1] == "or raise gpu_memory_utilization default 0.9 -> 0.95 " + rungs[1].split("0.95 ", 1)[1]
+
+
+def test_kv_cache_utilization_target_from_device_total() -> None:
+    diagnosis = Diagnosis("kv_cache_insufficient", "", (), {"max_model_len": 8192, "needed_gib": 2.0,
+                                                            "available_gib": 1.0})
+    rungs = advise(diagnosis, VLLMConfig("m", gpu_memory_utilization=0.1, max_model_len=8192),
+                   StartupMemory(device_total_gib=10.0))
+    # 0.1 + (2 - 1) * 1.1 / 10 + 0.01 = 0.22
+    assert rungs[-1].startswith("or raise gpu_memory_utilization 0.1 -> 0.22 (the KV cache lacks 1.00 GiB of the "
+                                "10.00 GiB device")
+    bigger = advise(diagnosis, VLLMConfig("m", gpu_memory_utilization=0.1), StartupMemory(device_total_gib=4.0))
+    assert "0.1 -> 0.39 " in bigger[-1]  # the same shortfall is a bigger share of a smaller device
 
 
 def test_kv_cache_insufficient_cpu_explicit_bytes_real_log() -> None:
@@ -158,57 +209,71 @@ def test_kv_cache_insufficient_cpu_explicit_bytes_real_log() -> None:
 
 
 def test_kv_cache_insufficient_cpu_env_space() -> None:
-    diagnosis = Diagnosis("kv_cache_insufficient", "", (), {"max_model_len": 2048, "needed_gib": 2.5,
-                                                            "available_gib": 1.0, "estimated_max_model_len": 800})
-    config = VLLMConfig("m", env={"VLLM_CPU_KVCACHE_SPACE": "1"}, max_model_len=2048)
-    assert advise(diagnosis, config, None) == [
-        "max_model_len 2048 -> 512 (the KV cache has 1.00 GiB, one 2,048-token sequence needs 2.50 GiB; vLLM "
-        "estimates a maximum of 800)",
-        "or VLLM_CPU_KVCACHE_SPACE 1 -> 3 (GiB; one sequence needs 2.50 GiB)",
+    diagnosis, memory = from_log("cpu-0.11-kv-cache-needed-29233.log")
+    config = VLLMConfig("m", env={"VLLM_CPU_KVCACHE_SPACE": "4"})
+    assert advise(diagnosis, config, memory) == [
+        "max_model_len 40960 -> 34816 (the KV cache has 4.00 GiB, one 40,960-token sequence needs 4.38 GiB; vLLM "
+        "estimates a maximum of 37,376)",
+        "or VLLM_CPU_KVCACHE_SPACE 4 -> 5 (GiB; one sequence needs 4.38 GiB)",
     ]
 
 
-def test_kv_cache_utilization_target_from_device_total() -> None:
-    # CPU logs give the node total: the raise is computed, not a fixed step.
-    diagnosis = Diagnosis("kv_cache_insufficient", "", (), {"max_model_len": 8192, "needed_gib": 2.0,
-                                                            "available_gib": 1.0})
-    rungs = advise(diagnosis, VLLMConfig("m", gpu_memory_utilization=0.1, max_model_len=8192),
-                   StartupMemory(device_total_gib=10.0))
-    assert rungs[-1].startswith("or raise gpu_memory_utilization 0.1 -> 0.25 ")
+def test_no_cache_blocks_with_a_huge_graph_estimate_skips_the_reservation_first() -> None:
+    diagnosis, memory = from_log("gpu-0.28-no-cache-blocks-graph-estimate-53013.log")
+    rungs = advise(diagnosis, VLLMConfig("m"), memory)
+    assert rungs[0] == ("skip the CUDA graph reservation: env VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 or add "
+                        "enforce_eager (vLLM set 118.65 GiB aside for graphs before sizing the KV cache)")
 
 
-def test_no_cache_blocks_raises_utilization_first() -> None:
-    diagnosis, memory = from_log("gpu-0.10-no-cache-blocks.log")
-    assert advise(diagnosis, VLLMConfig("m", gpu_memory_utilization=0.5), memory) == [
-        "raise gpu_memory_utilization 0.5 -> 0.6 (the KV cache gets what is left of the budget after weights and "
-        "activations)",
-        "add enforce_eager (skips CUDA graph capture and its memory pool)",
-    ]
+def test_no_cache_blocks_raise_sized_by_the_negative_pool() -> None:
+    diagnosis = Diagnosis("kv_cache_insufficient", "no memory was left", ("ValueError: No available memory for the "
+                          "cache blocks.",), {"available_gib": -1.25})
+    rungs = advise(diagnosis, VLLMConfig("m", gpu_memory_utilization=0.5), StartupMemory(device_total_gib=23.55))
+    # 0.5 + 1.25 * 1.1 / 23.55 + 0.01 = 0.568 -> 0.57
+    assert rungs[0].startswith("raise gpu_memory_utilization 0.5 -> 0.57 (the KV cache lacks 1.25 GiB of the 23.55 "
+                               "GiB device")
+    assert rungs[1] == "add enforce_eager (skips CUDA graph capture and its memory pool)"
 
 
-# --- insufficient_free_memory, weights, flags -------------------------------------------------------------------
+# --- free memory, profiling, external weights, weights, flags ---------------------------------------------------
 
 
 def test_insufficient_free_memory_from_free_and_total() -> None:
-    diagnosis, memory = from_log("gpu-0.33-free-memory.log")
+    diagnosis, memory = from_log("gpu-0.9-free-memory-20305.log")
     assert advise(diagnosis, VLLMConfig("m"), memory) == [
-        "another process holds 11.38 GiB on this device: wait for it to exit or lower gpu_memory_utilization to 0.5 "
-        "(0.92 asks for 21.68 GiB, 12.18 GiB are free)"
+        "another process holds 15.94 GiB on this device: wait for it to exit or lower gpu_memory_utilization to 0.65 "
+        "(0.95 asks for 45.01 GiB, 31.44 GiB are free)"
     ]
 
 
 def test_insufficient_free_memory_nearly_full_device() -> None:
-    diagnosis = Diagnosis("insufficient_free_memory", "", (), {"free_gib": 1.0, "device_total_gib": 80.0})
-    assert advise(diagnosis, VLLMConfig("m"), None) == [
-        "another process holds 79.00 GiB of this 80.00 GiB device: wait for it to exit (too little is free for any "
+    diagnosis, memory = from_log("gpu-0.15-free-memory-ci-33297.log")
+    assert advise(diagnosis, VLLMConfig("m"), memory) == [
+        "another process holds 20.52 GiB of this 22.05 GiB device: wait for it to exit (too little is free for any "
         "useful gpu_memory_utilization)"
     ]
 
 
+def test_memory_profiling_error_points_at_the_other_process() -> None:
+    diagnosis, memory = from_log("gpu-0.29-memory-profiling-assert-56830.log")
+    rungs = advise(diagnosis, VLLMConfig("m"), memory)
+    assert "(free memory went from 82.94 to 90.17 GiB during profiling)" in rungs[0]
+    assert "CUDA_VISIBLE_DEVICES" in rungs[0]
+
+
+def test_external_weights_raise_the_budget_over_them() -> None:
+    diagnosis = Diagnosis("external_weights_over_budget", "", (), {"external_gib": 20.5, "device_total_gib": 23.55,
+                                                                   "gpu_memory_utilization": 0.8,
+                                                                   "requested_gib": 18.84})
+    rungs = advise(diagnosis, VLLMConfig("m"), None)
+    # 20.5 / 23.55 + 0.1 = 0.97 -> capped at 0.95
+    assert rungs[0].startswith("raise gpu_memory_utilization default 0.8 -> 0.95 (the budget counts the 20.50 GiB")
+
+
 def test_weights_too_large_from_the_log_and_tier() -> None:
-    diagnosis, memory = from_log("gpu-0.33-weights-oom.log")
-    assert advise(diagnosis, VLLMConfig("m", tensor_parallel_size=2), memory, tier_bytes=24 * GIB) == [
-        "the weights need more than 23.10 GiB (loading filled 23.55 GiB device memory): use a larger tier than 24gb, "
+    diagnosis, memory = from_log("gpu-0.11-weights-oom-create-weights-28143.log")
+    assert advise(diagnosis, VLLMConfig("m", tensor_parallel_size=2), memory, tier_bytes=96 * GIB) == [
+        "the weights need more than 92.34 GiB (loading filled 93.09 GiB device memory): use a larger tier than 96gb, "
         "a quantized model (e.g. --quantization awq) or tensor_parallel_size 4"
     ]
 
@@ -233,10 +298,15 @@ def test_bad_flag_value() -> None:
     diagnosis, memory = from_log("cpu-0.32-validation-error.log")
     assert advise(diagnosis, VLLMConfig("m", gpu_memory_utilization=1.5), memory)[0] == (
         "gpu_memory_utilization=1.5 is rejected by the installed vLLM 0.32.0: Input should be less than or equal to 1")
-    argparse = classify_failure("api_server.py: error: argument --dtype: invalid choice: 'foo' (choose from "
-                                "'auto', 'half')\n", 2)
-    assert advise(argparse, VLLMConfig("m", dtype="foo"), None)[0] == (
-        "--dtype=foo is rejected by the installed vLLM: invalid choice: 'foo' (choose from 'auto', 'half')")
+
+
+def test_usage_errors_say_how_to_give_the_model() -> None:
+    diagnosis, memory = from_log("gpu-0.8-usage-model-flag-16691.log")
+    assert advise(diagnosis, VLLMConfig("m"), memory)[0].startswith(
+        "pass the model as the first positional argument: `vllm serve <model> [flags]`")
+    diagnosis, memory = from_log("gpu-0.11-usage-model-positional-to-api-server-27389.log", 2)
+    assert advise(diagnosis, VLLMConfig("m"), memory)[0].startswith(
+        "pass the model with --model to python -m vllm.entrypoints.openai.api_server")
 
 
 # --- peak above tier, timeout, crash -----------------------------------------------------------------------------
@@ -249,7 +319,6 @@ def test_peak_above_tier_scales_utilization() -> None:
 
 
 def test_peak_above_tier_from_a_large_card_and_short_context() -> None:
-    # Measured on an 80 GiB card at the default: emulating the 24gb tier needs a much smaller share.
     rungs = advise(None, VLLMConfig("m", max_model_len=32768), StartupMemory(vllm_version="0.33.0",
                    kv_cache_tokens=20_000), tier_bytes=24 * GIB, peak_bytes=int(75.5 * GIB))
     assert rungs == [
