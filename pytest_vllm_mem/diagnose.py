@@ -14,6 +14,7 @@ import re
 import signal
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 FAILURE_KINDS = (
     "cuda_oom",
@@ -152,7 +153,7 @@ class StartupMemory:
     graph_pool_estimate_gib: float | None = None
     suggested_utilization: float | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -289,7 +290,7 @@ class Diagnosis:
     figures: dict[str, float] = field(default_factory=dict)
     phase: str | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "summary": self.summary, "root_cause": list(self.root_cause),
                 "figures": dict(self.figures), "phase": self.phase}
 
@@ -485,9 +486,17 @@ def _traceback_phase(lines: Sequence[_Line]) -> str | None:
     return None
 
 
+_READY = re.compile(r"Application startup complete|Starting vLLM (?:API )?server on|init engine \(profile, create kv")
+
+
 def _oom_phase(lines: Sequence[_Line], hit: _Line) -> str | None:
-    """The traceback's phase; else the step after the last startup milestone logged before the error; else None."""
-    return _traceback_phase(lines) or _STAGE_PHASE.get(_stage_before(lines, hit.index))
+    """The traceback's phase; else the step after the last startup milestone logged before the error; else None.
+
+    Once the engine was up, tracebacks printed before that (a startup hiccup vLLM survived) cannot explain the error.
+    """
+    ready = [l.index for l in lines[:hit.index] if _READY.search(l.text)]
+    scope = lines[ready[-1]:] if ready else lines
+    return _traceback_phase(scope) or _STAGE_PHASE.get(_stage_before(lines, hit.index))
 
 
 def _related(lines: Sequence[_Line], pattern: re.Pattern[str]) -> list[str]:

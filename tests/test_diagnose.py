@@ -474,3 +474,13 @@ def test_diagnosis_to_dict() -> None:
     diagnosis = Diagnosis("crash", "x", ("a",), {"returncode": 1.0})
     assert diagnosis.to_dict() == {"kind": "crash", "summary": "x", "root_cause": ["a"],
                                    "figures": {"returncode": 1.0}, "phase": None}
+
+
+def test_errors_logged_before_the_engine_was_up_do_not_explain_a_later_oom() -> None:
+    # A traceback frame from startup (#28143's create_weights), then the engine's "init engine ... took" line, then a
+    # serving OOM (#13221): the frame from before the engine was up does not make it a weight-loading OOM.
+    text = "\n".join([log("gpu-0.11-weights-oom-create-weights-28143.log").splitlines()[3],
+                      first_line("cpu-0.32-started.log", "init engine (profile, create kv cache, warmup model)"),
+                      log("gpu-0.8-serving-oom-v0-13221.log")])
+    diagnosis = find_memory_error(text)
+    assert diagnosis is not None and (diagnosis.kind, diagnosis.phase) == ("cuda_oom", "serving")
