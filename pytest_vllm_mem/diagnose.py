@@ -310,6 +310,7 @@ _WEIGHTS_OOM = re.compile(r"Failed to load model - not enough GPU memory")
 _KV_INSUFFICIENT = re.compile(
     r"No available memory for the cache blocks|KV cache is needed, which is larger than the available KV cache memory"
     r"|max seq len \(\d+\) is larger than the maximum number of tokens that can be stored in KV cache"
+    r"|To serve at least one request with the models?'s? max seq len"  # the start survives a wrapped terminal
 )
 # torch's allocator ("CUDA out of memory. Tried to allocate"), the runtime ("CUDA error: out of memory"), the driver
 # API behind expandable segments and cumem ("CUDA driver error: out of memory", "CUDA Error: out of memory at"),
@@ -454,7 +455,8 @@ _PHASE_EVIDENCE: tuple[tuple[str, re.Pattern[str]], ...] = (
         r"|Failed to load model|Failed to create \w+ \w* ?weights")),
     ("wake_up", re.compile(r"\bwake_up\b|\bcreate_and_map\b")),
     ("serving", re.compile(
-        r"\bengine_step\b|\brun_engine_loop\b|\brun_busy_loop\b|\bstep_with_batch_queue\b"
+        r"\bengine_step\b|\brun_engine_loop\b|\brun_busy_loop\b|\bstep_with_batch_queue\b|_process_engine_step"
+        r"|\bstart_worker_execution_loop\b"
         r"|EngineCore encountered a fatal error")),
 )
 _PHASE_WORDS = {
@@ -539,7 +541,7 @@ _KV_ESTIMATE = re.compile(rf"estimated maximum model length is ({_INT})", re.IGN
 # V0 engine (0.4-0.8): the pool measured in tokens, on GPU and (with VLLM_CPU_KVCACHE_SPACE in the hint) on CPU.
 _KV_TOKENS_SHORT = re.compile(
     rf"max seq len \(({_INT})\) is larger than the maximum number of tokens that can be stored in KV cache "
-    rf"\(({_INT})\)"
+    rf"\(\s*({_INT})\s*\)"
 )
 
 
