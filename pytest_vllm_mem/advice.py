@@ -420,6 +420,11 @@ def _bad_flag(diagnosis: Diagnosis, config: "VLLMConfig", memory: StartupMemory 
     if diagnosis.phase == "usage":
         return _usage(diagnosis, memory)
     version = f" {memory.vllm_version}" if memory is not None and memory.vllm_version else ""
+    derived = diagnosis.figures.get("derived_max_model_len")
+    if derived and "max_model_len" in diagnosis.figures:
+        return [f"max_model_len {int(diagnosis.figures['max_model_len'])} -> {int(derived)} (the model's config "
+                f"allows {int(derived):,} tokens; env VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 lifts the check at the risk vLLM "
+                "warns of)"]
     unrecognized = "unrecognized arguments" in " ".join(diagnosis.root_cause)
     rungs = []
     for flag in rejected_flags(diagnosis) or ("a setting",):

@@ -742,8 +742,33 @@ def _usage(lines: Sequence[_Line]) -> Diagnosis | None:
     return None
 
 
+# ModelConfig's check (a plain ValueError up to 0.8, a pydantic "Value error, ..." since): the flag exceeds the model.
+_MAX_LEN_OVER = re.compile(
+    r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len \(([^()]*?)=?(\d+(?:\.\d+)?)?"
+    r"(?: or [^()]*)?(?: in model's config\.json)?\)"
+)
+
+
+def _max_len_over(lines: Sequence[_Line]) -> Diagnosis | None:
+    for line in lines:
+        match = _MAX_LEN_OVER.search(line.text) if line.may_be_error else None
+        if not match:
+            continue
+        requested = int(match.group(1))
+        figures = {"max_model_len": float(requested)}
+        derived = ""
+        if match.group(3):
+            figures["derived_max_model_len"] = float(match.group(3))
+            source = match.group(2) if match.group(2) not in (None, "", "None") else "config.json"
+            derived = f" ({int(float(match.group(3))):,} from the model's {source})"
+        summary = (f"the installed vLLM rejected max_model_len={requested}: it is greater than the model's own maximum"
+                   f"{derived}")
+        return Diagnosis("bad_flag", summary, (line.text.strip(),), figures, "arguments")
+    return None
+
+
 def _bad_flag(lines: Sequence[_Line]) -> Diagnosis | None:
-    usage = _usage(lines)
+    usage = _usage(lines) or _max_len_over(lines)
     if usage is not None:
         return usage
     for position, line in enumerate(lines):
@@ -782,6 +807,8 @@ def rejected_flags(diagnosis: Diagnosis) -> tuple[str, ...]:
     if diagnosis.kind != "bad_flag" or diagnosis.phase == "usage":
         return ()
     for position, text in enumerate(diagnosis.root_cause):
+        if _MAX_LEN_OVER.search(text):
+            return ("max_model_len",)
         unrecognized = _UNRECOGNIZED.search(text)
         if unrecognized:
             return tuple(token for token in unrecognized.group(1).split() if token.startswith("-"))

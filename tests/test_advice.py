@@ -349,3 +349,10 @@ def test_timeout_and_crash_advice() -> None:
         "the process was killed by SIGKILL with no error logged: check `dmesg` for the kernel OOM killer and the "
         "host's free RAM"]
     assert advise(classify_failure("OSError: boom\n", 1), VLLMConfig("m"), None) == []
+
+
+def test_max_model_len_over_the_models_own_lowers_it_to_the_model() -> None:
+    diagnosis, memory = from_log("gpu-0.1x-max-model-len-over-derived-longvt9.log")
+    assert advise(diagnosis, VLLMConfig("m", max_model_len=131072), memory) == [
+        "max_model_len 131072 -> 32768 (the model's config allows 32,768 tokens; env VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 "
+        "lifts the check at the risk vLLM warns of)"]

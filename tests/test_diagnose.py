@@ -484,3 +484,14 @@ def test_errors_logged_before_the_engine_was_up_do_not_explain_a_later_oom() -> 
                       log("gpu-0.8-serving-oom-v0-13221.log")])
     diagnosis = find_memory_error(text)
     assert diagnosis is not None and (diagnosis.kind, diagnosis.phase) == ("cuda_oom", "serving")
+
+
+@pytest.mark.parametrize("name, requested, derived", [
+    ("gpu-0.1x-max-model-len-over-derived-longvt9.log", 131072, 32768),  # pydantic "Value error, ..." line only
+    ("gpu-0.5-max-model-len-over-derived-xinference1715.log", 4096, 2048),  # plain ValueError, under xinference
+])
+def test_max_model_len_over_the_models_own_is_bad_flag(name: str, requested: int, derived: int) -> None:
+    diagnosis = classify_failure(log(name), 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("bad_flag", "arguments")
+    assert (diagnosis.figures["max_model_len"], diagnosis.figures["derived_max_model_len"]) == (requested, derived)
+    assert rejected_flags(diagnosis) == ("max_model_len",)
