@@ -3,9 +3,13 @@ tier-marked tests here are skipped by the tier check, before the device is looke
 
 from __future__ import annotations
 
+import dataclasses
+import typing
+from pathlib import Path
+
 import pytest
 
-from pytest_vllm_mem.settings import OPTIONS
+from pytest_vllm_mem.settings import OPTIONS, Settings, UsageError
 
 TIER_TESTS = """
 import pytest
@@ -162,3 +166,35 @@ def test_a_run_without_servers_prints_no_vllm_summary(pytester: pytest.Pytester)
     result = run(pytester, "--vllm-gpu=24gb")
     result.assert_outcomes(passed=1)
     assert "vLLM memory and serving" not in result.stdout.str()
+
+
+# ---- the option table: one place ------------------------------------------------------------------------------------
+
+KIND_TYPES = {"str": str, "bool": bool, "float": float, "int": int, "path": Path}
+
+
+def test_every_settings_field_is_an_option_of_its_annotated_type(tmp_path: Path) -> None:
+    """Settings fields are the table: each is an option, and its built-in default converts to the field's type."""
+    assert [item.name for item in OPTIONS] == [field.name for field in dataclasses.fields(Settings)]
+    hints = typing.get_type_hints(Settings)
+    defaults = Settings.from_values({}, tmp_path)
+    for item in OPTIONS:
+        allowed = typing.get_args(hints[item.name]) or (hints[item.name],)
+        assert KIND_TYPES[item.kind] in allowed, item.name
+        value = getattr(defaults, item.name)
+        assert value is None and type(None) in allowed or isinstance(value, KIND_TYPES[item.kind]), item.name
+
+
+def test_outside_pytest_values_convert_like_command_line_values(tmp_path: Path) -> None:
+    settings = Settings.from_values({"vllm_max_servers": "3", "vllm_log_dir": "logs", "vllm_strict": True}, tmp_path)
+    assert settings.vllm_max_servers == 3 and settings.vllm_log_dir == tmp_path / "logs" and settings.vllm_strict
+    assert settings.vllm_baseline == tmp_path / ".vllm-mem" / "baselines.json"
+    with pytest.raises(UsageError, match="--vllm-max-servers='0': must be greater than 0"):
+        Settings.from_values({"vllm_max_servers": "0"}, tmp_path)
+    with pytest.raises(TypeError, match="vllm_no_such"):
+        Settings.from_values({"vllm_no_such": 1}, tmp_path)
+
+
+def test_the_plugin_usage_error_is_its_own_class() -> None:
+    """pytest.UsageError is final; the plugin's is turned into it at the hooks (the exit-4 tests above)."""
+    assert not issubclass(UsageError, pytest.UsageError)
