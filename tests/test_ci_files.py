@@ -196,7 +196,7 @@ def test_a_push_to_main_records_baselines_and_opens_a_pull_request() -> None:
     download = next(step for step in pr["steps"] if step.get("uses", "").startswith("actions/download-artifact@"))
     assert download["with"] == {"pattern": "vllm-baseline-*", "path": "recorded"}
     assert "concurrency" in workflow and workflow["concurrency"]["cancel-in-progress"] == \
-        "${{ github.event_name == 'pull_request' }}"  # runs on main are never cancelled: each records a baseline
+        "${{ github.event_name == 'pull_request' }}"  # a started run on main is never cancelled: it records
 
 
 # ---- the baseline-pr script, run against a local remote and a stand-in gh -----------------------------------------
