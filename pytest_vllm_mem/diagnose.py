@@ -452,11 +452,12 @@ _PHASE_EVIDENCE: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("profiling", re.compile(r"\bprofile_run\b|\bdetermine_available_memory\b|\bdetermine_num_available_blocks\b")),
     ("loading_weights", re.compile(
         r"\bload_model\b|\bload_weights\b|\bcreate_weights\b|\bget_model\b|\b_initialize_model\b|\bmake_layers\b"
+        r"|\bprocess_weights_after_loading\b|\b\w+_repack\b"  # weight post-processing (quantized kernels' layout)
         r"|Failed to load model|Failed to create \w+ \w* ?weights")),
     ("wake_up", re.compile(r"\bwake_up\b|\bcreate_and_map\b")),
     ("serving", re.compile(
         r"\bengine_step\b|\brun_engine_loop\b|\brun_busy_loop\b|\bstep_with_batch_queue\b|_process_engine_step"
-        r"|\bstart_worker_execution_loop\b"
+        r"|\bstart_worker_execution_loop\b|\boutput_handler\b"  # AsyncLLM's output loop runs once requests come in
         r"|EngineCore encountered a fatal error")),
 )
 _PHASE_WORDS = {
