@@ -151,8 +151,38 @@ def gpu_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
             tokens, _ = _tokens(int(logged["kv_cache_gib"] * GIB), predicted.kv_bytes_per_token,
                                 predicted.block_size, predicted.max_model_len)
             row["kv_arithmetic_error"] = _error(tokens, logged["kv_tokens"])
+        calibrated = _calibrated_from_sibling(data, entry, info, card, flags)
+        if calibrated is not None:
+            row["calibrated_from"], cal_plan = calibrated
+            row["calibrated_kv_cache_gib_error"] = _error(cal_plan.kv_bytes.value / GIB, logged.get("kv_cache_gib"))
+            row["calibrated_kv_tokens_error"] = _error(cal_plan.kv_tokens.value, logged.get("kv_tokens"))
         rows.append(row)
     return rows
+
+
+def _calibrated_from_sibling(data: dict[str, Any], entry: dict[str, Any], info: Any, card: Card,
+                             flags: dict[str, Any]) -> tuple[str, Plan] | None:
+    """The plan of `entry` calibrated from another startup of the same model, release, GPU and flag shape (another
+    max_model_len): what the plugin does on the next run. None when there is no such sibling."""
+    from pytest_vllm_mem.calibration import SHAPE_FLAGS, from_startup
+
+    def shape(e: dict[str, Any]) -> tuple[Any, ...]:
+        return (e["model"], e["vllm_version"], e["gpu"], tuple((k, e.get("flags", {}).get(k)) for k in SHAPE_FLAGS))
+
+    for other in data["startups"]:
+        if other["id"] == entry["id"] or shape(other) != shape(entry):
+            continue
+        if other["logged"].get("weights_gib") is None or other["logged"].get("kv_cache_gib") is None:
+            continue
+        other_flags = dict(other.get("flags", {}))
+        first = plan(info, other_flags, card, vllm_version=other["vllm_version"],
+                     default_utilization=other.get("default_utilization", 0.9))
+        calibration = from_startup(first, other["logged"])
+        if calibration is None:
+            continue
+        return other["id"], plan(info, flags, card, vllm_version=entry["vllm_version"],
+                                 default_utilization=entry.get("default_utilization", 0.9), calibration=calibration)
+    return None
 
 
 def run_gpu(out: Path | None) -> int:
@@ -164,7 +194,7 @@ def run_gpu(out: Path | None) -> int:
               f"act {_pct(row['activation_gib_error'])}  graph {_pct(row['graph_gib_error'])}", flush=True)
     per_term: dict[str, Any] = {}
     for term in ("weights_gib", "activation_gib", "non_torch_gib", "graph_gib", "kv_cache_gib", "kv_tokens",
-                 "kv_arithmetic"):
+                 "kv_arithmetic", "calibrated_kv_cache_gib", "calibrated_kv_tokens"):
         values = [r[f"{term}_error"] for r in rows if r.get(f"{term}_error") is not None]
         if values:
             per_term[term] = {"mean_signed_error": statistics.mean(values),

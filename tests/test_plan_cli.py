@@ -66,3 +66,20 @@ def test_calibration_round_trip_makes_the_next_plan_exact(tmp_path: Path) -> Non
                  calibration=store.find("llama", "0.33.0", {}))
     assert lower.kv_bytes.value / GIB == pytest.approx(5.02 - 0.05 * 22.03, abs=0.01)
     assert store.get(calibration_key("llama", "0.32.0", "NVIDIA L4")) is None
+
+
+def test_tuner_trials_decided_by_the_plan_do_not_spend_startups() -> None:
+    from pytest_vllm_mem.tune import OK, TOO_LOW, Trial, search
+
+    started: list[float] = []
+
+    def trial(utilization: float) -> Trial:
+        if utilization < 0.3:  # the plan is sure the KV cache cannot hold one sequence: no startup
+            return Trial(utilization, "kv_cache_insufficient", TOO_LOW, phase="planned")
+        started.append(utilization)
+        return Trial(utilization, OK, OK, phase="")
+
+    result = search(trial, low=0.05, high=0.5, resolution=0.05, max_startups=2, goal="lowest")
+    assert result.best is not None and abs(result.best.utilization - 0.3) < 1e-9
+    assert len(started) <= 2 and any(t.phase == "planned" for t in result.trials)
+    assert len(result.trials) > 2  # more trials than the startup budget: the planned ones were free
