@@ -492,14 +492,15 @@ def _traceback_phase(lines: Sequence[_Line]) -> str | None:
 _READY = re.compile(r"Application startup complete|Starting vLLM (?:API )?server on|init engine \(profile, create kv")
 
 
-def _oom_phase(lines: Sequence[_Line], hit: _Line) -> str | None:
+def _oom_phase(lines: Sequence[_Line], hit: _Line, running: bool = False) -> str | None:
     """The traceback's phase; else the step after the last startup milestone logged before the error; else None.
 
     Once the engine was up, tracebacks printed before that (a startup hiccup vLLM survived) cannot explain the error.
     """
     ready = [l.index for l in lines[:hit.index] if _READY.search(l.text)]
     scope = lines[ready[-1]:] if ready else lines
-    return _traceback_phase(scope) or _STAGE_PHASE.get(_stage_before(lines, hit.index))
+    found = _traceback_phase(scope) or _STAGE_PHASE.get(_stage_before(lines, hit.index))
+    return found or ("serving" if running else None)
 
 
 def _related(lines: Sequence[_Line], pattern: re.Pattern[str]) -> list[str]:
@@ -511,13 +512,13 @@ def _following(lines: Sequence[_Line], hit: _Line, count: int = 3) -> str:
     return " ".join(l.text.strip() for l in lines[hit.index:hit.index + count])
 
 
-def _device_oom(lines: Sequence[_Line], hit: _Line) -> Diagnosis:
+def _device_oom(lines: Sequence[_Line], hit: _Line, running: bool = False) -> Diagnosis:
     texts = _related(lines, _DEVICE_OOM) + _related(lines, _WEIGHTS_OOM)
     figures = _oom_figures(" ".join(texts + [_following(lines, hit, 8)]))
     tried = ""
     if "tried_allocate_gib" in figures:
         tried = f" (tried to allocate {_format_size(figures['tried_allocate_gib'])})"
-    phase = _oom_phase(lines, hit)
+    phase = _oom_phase(lines, hit, running)
     if phase == "loading_weights":
         used = figures.get("process_used_gib")
         total = figures.get("device_total_gib")
@@ -705,14 +706,15 @@ _MEMORY_PATTERNS = (
 )
 
 
-def _memory_diagnosis(lines: Sequence[_Line]) -> Diagnosis | None:
-    """The earliest memory error in the log: later lines only re-raise it across processes."""
+def _memory_diagnosis(lines: Sequence[_Line], running: bool = False) -> Diagnosis | None:
+    """The earliest memory error in the log: later lines only re-raise it across processes. `running`: the log is
+    a healthy server's (since startup), so a device OOM that names no phase happened while serving."""
     for line in lines:
         if not line.may_be_error:
             continue
         for pattern, build in _MEMORY_PATTERNS:
             if pattern.search(line.text):
-                return build(lines, line)
+                return _device_oom(lines, line, running) if build is _device_oom else build(lines, line)
     return None
 
 
@@ -885,7 +887,7 @@ def classify_failure(log_text: str, returncode: int | None) -> Diagnosis:
 
 def find_memory_error(log_text: str) -> Diagnosis | None:
     """A memory error in the log of a running (or just died) server, else None. Used during load."""
-    return _memory_diagnosis(_lines(log_text))
+    return _memory_diagnosis(_lines(log_text), running=True)
 
 
 def timeout_diagnosis(log_text: str, timeout_s: float) -> Diagnosis:

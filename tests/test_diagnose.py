@@ -495,3 +495,11 @@ def test_max_model_len_over_the_models_own_is_bad_flag(name: str, requested: int
     assert (diagnosis.kind, diagnosis.phase) == ("bad_flag", "arguments")
     assert (diagnosis.figures["max_model_len"], diagnosis.figures["derived_max_model_len"]) == (requested, derived)
     assert rejected_flags(diagnosis) == ("max_model_len",)
+
+
+def test_an_oom_in_a_running_servers_log_is_a_serving_one() -> None:
+    # find_memory_error reads the log of a server that became healthy: no phase shown means it happened serving.
+    text = log("gpu-0.9-oom-llama4-no-phase-20581.log").splitlines()[0] + "\n"
+    diagnosis = find_memory_error(text)
+    assert diagnosis is not None and (diagnosis.kind, diagnosis.phase) == ("cuda_oom", "serving")
+    assert classify_failure(text, 1).phase is None  # a failed start gets no such default
