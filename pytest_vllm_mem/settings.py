@@ -17,10 +17,11 @@ import dataclasses
 import os
 import shlex
 import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 import pytest
 
@@ -267,7 +268,8 @@ def _honest_root(invocation_dir: Path, test_args: Sequence[str]) -> Path:
 
 def _is_first_config_above(rootpath: Path, honest: Path, inipath: Path | None) -> bool:
     """Whether `rootpath` holds a pytest config file and is the nearest folder at or above `honest` with one."""
-    has_config = (inipath is not None and Path(os.path.abspath(inipath)).parent == rootpath) or (rootpath / "setup.py").is_file()
+    has_config = ((inipath is not None and Path(os.path.abspath(inipath)).parent == rootpath)
+                  or (rootpath / "setup.py").is_file())
     if not has_config or not _within(honest, rootpath):
         return False
     between = [folder for folder in (honest, *honest.parents) if folder != rootpath and _within(folder, rootpath)]

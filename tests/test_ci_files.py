@@ -8,8 +8,9 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -79,7 +80,7 @@ def expressions(value: Any, key: str) -> Iterator[tuple[str, str]]:
         for child in value:
             yield from expressions(child, key)
     elif isinstance(value, str):
-        found = re.findall(r"\$\{\{(.*?)\}\}", value, re.S)
+        found = re.findall(r"\$\{\{(.*?)\}\}", value, re.DOTALL)
         if not found and key in ("jobs.if", "jobs.steps.if"):
             found = [value]
         for expression in found:
@@ -246,7 +247,7 @@ def run_baseline_pr(work: Path, tmp_path: Path, recorded: dict[str, str], open_p
            "GITHUB_REF_NAME": "main", "GITHUB_SERVER_URL": "https://github.example", "GITHUB_REPOSITORY": "o/r",
            "GITHUB_RUN_ID": "42", "GIT_CONFIG_GLOBAL": str(tmp_path / "gitconfig")}
     done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], cwd=work, env=env, capture_output=True,
-                          text=True)
+                          text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     shutil.rmtree(work / "recorded")
     return done.stdout, log.read_text().splitlines() if log.exists() else []
@@ -281,7 +282,7 @@ def test_unchanged_baselines_open_no_pull_request(checkout: Path, tmp_path: Path
 
 def lint(*files: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["bash", str(CI / "lint-workflows.sh"), *files], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, check=False)
 
 
 def test_the_templates_are_zizmor_clean() -> None:

@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 
 import pytest
+from stubs.helpers import STUB_ENV, stub_args
 
 from pytest_vllm_mem.settings import OPTIONS, Settings
-from stubs.helpers import STUB_ENV, stub_args
 
 PATH_OPTIONS = [item for item in OPTIONS if item.kind == "path"]
 
@@ -59,7 +59,7 @@ def test_an_absolute_path_outside_the_project_is_kept_in_the_equals_form(pyteste
 
 @pytest.mark.parametrize("name", [item.name for item in PATH_OPTIONS])
 def test_an_ini_path_resolves_against_the_ini_folder(pytester: pytest.Pytester, name: str) -> None:
-    project, tests = layout(pytester, f"{name} = from-ini/x\n")
+    project, _ = layout(pytester, f"{name} = from-ini/x\n")
     elsewhere = pytester.path / "root"
     elsewhere.mkdir()
     resolved = getattr(settings(pytester, "test_x.py", f"--rootdir={elsewhere}"), name)
@@ -67,7 +67,7 @@ def test_an_ini_path_resolves_against_the_ini_folder(pytester: pytest.Pytester, 
 
 
 def test_defaults_resolve_against_the_rootdir(pytester: pytest.Pytester) -> None:
-    project, tests = layout(pytester)
+    project, _ = layout(pytester)
     resolved = settings(pytester, "test_x.py")
     assert resolved.vllm_baseline == project / ".vllm-mem" / "baselines.json"
     assert resolved.vllm_log_dir == project / ".vllm-mem" / "logs"
@@ -124,7 +124,7 @@ def test_the_equals_form_of_the_same_value_runs(pytester: pytest.Pytester) -> No
 
 def test_a_spaced_value_pytest_does_not_root_on_is_accepted(pytester: pytest.Pytester) -> None:
     """With the project's ini nearer the tests than the value, pytest keeps the right rootdir: nothing to refuse."""
-    project, tests = layout(pytester)
+    layout(pytester)
     cache = pytester.path / "cache"
     cache.mkdir()
     result = run(pytester, "test_x.py", "--vllm-cache-dir", str(cache), "--vllm-log-dir", "logs", "-v",
