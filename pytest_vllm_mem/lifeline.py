@@ -1,0 +1,332 @@
+"""Servers die with the pytest process that started them, however it dies: a watchdog process per pytest process.
+
+Servers run in sessions of their own (start_new_session), so that a Ctrl-C in the terminal reaches pytest only
+and pytest stops them in order. The price: when pytest itself is killed (SIGKILL from a runner's hard cancel or the
+OOM killer) nothing stops them, and on a GPU runner the next job fails with insufficient free memory. The SIGTERM
+handler and the session-end sweep cannot help there; nothing that runs in pytest can.
+
+So the first launch also starts this file as a script, a watchdog in a session of its own. pytest holds the write
+end of a pipe to its stdin and tells it the servers it starts and stops. When the pipe reports end-of-file, or the
+watchdog's parent changes (pytest died while a forked child still holds the pipe), the watchdog kills every process
+of the servers still registered and removes the shared memory segments (/dev/shm) they had mapped or open, if no
+live process has them mapped or open any more. While servers run it notes those processes and segments every
+`PERIOD_S`, so that what a server had is known even after it is gone; a server that pytest stopped (or that
+crashed) gets the same segment clean-up when pytest says so.
+
+Why not PR_SET_PDEATHSIG in the server: it fires when the *thread* that forked exits, needs preexec_fn (unsafe with
+threads), covers the API server only (vLLM 0.32's EngineCore does not watch its parent; killed API servers left it
+running), and leaves the segments. Linux first: the segment clean-up reads /proc; without it (macOS) processes are
+still stopped; where sessions do not exist (Windows) the lifeline is off.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import psutil
+
+PERIOD_S = 0.25  # how often the watchdog notes the servers' processes and segments
+TERM_GRACE_S = 2.0  # SIGTERM lets a healthy vLLM remove its own files; then SIGKILL
+SHM_DIR = "/dev/shm"
+
+
+def supported() -> bool:
+    return os.name == "posix" and hasattr(os, "getsid")
+
+
+# ---------------------------------------------------------------- pytest's side
+
+
+class Lifeline:
+    """pytest's end of the pipe. Thread-safe; every method is a no-op where the lifeline is not supported."""
+
+    def __init__(self, python: str = sys.executable) -> None:
+        self._python = python
+        # Reentrant: the SIGTERM handler stops every server (and closes this) on the main thread, which may be
+        # inside watch() at that moment.
+        self._lock = threading.RLock()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._watched: dict[int, float] = {}  # pid -> create time, re-sent to a restarted watchdog
+        self.error: str | None = None  # why there is no watchdog, for a note
+
+    def watch(self, pid: int) -> None:
+        """From now on, pytest's death kills the session of `pid` (a server started with start_new_session)."""
+        if not supported():
+            return
+        try:
+            created = psutil.Process(pid).create_time()
+        except psutil.Error:
+            return  # already gone: nothing to stop
+        with self._lock:
+            self._watched[pid] = created
+            if self._process is None or self._process.poll() is not None:
+                self._start()  # sends every watched pid
+            else:
+                self._send(f"watch {pid} {created!r}\n")
+
+    def release(self, pid: int) -> None:
+        """pytest has stopped the server: forget it, and remove the segments it left."""
+        with self._lock:
+            if self._watched.pop(pid, None) is not None:
+                self._send(f"release {pid}\n")
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """pytest's orderly end: the watchdog stops what is still registered, cleans up, and exits; waited for, so
+        that nothing of the session runs after it."""
+        with self._lock:
+            process, self._process = self._process, None
+            self._watched.clear()
+        if process is None:
+            return
+        try:
+            if process.stdin is not None:
+                process.stdin.close()
+        except OSError:
+            pass
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def pid(self) -> int | None:
+        with self._lock:
+            return self._process.pid if self._process is not None and self._process.poll() is None else None
+
+    def _start(self) -> None:
+        try:
+            self._process = subprocess.Popen(
+                [self._python, str(Path(__file__).resolve()), str(os.getpid())], stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+        except OSError as error:
+            self._process = None
+            self.error = f"cannot start the watchdog ({error}): servers outlive a killed pytest"
+            return
+        self.error = None
+        for pid, created in self._watched.items():
+            self._send(f"watch {pid} {created!r}\n")
+
+    def _send(self, line: str) -> None:
+        stdin = self._process.stdin if self._process is not None else None
+        if stdin is None:
+            return
+        try:
+            stdin.write(line.encode())
+            stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            self.error = "the watchdog exited: the next launch starts another"
+
+
+_LIFELINE = Lifeline()
+
+
+def lifeline() -> Lifeline:
+    return _LIFELINE
+
+
+# ---------------------------------------------------------------- the watchdog
+
+
+@dataclass
+class Watched:
+    """One server: its session leader, every process seen in its session or tree, every segment they had."""
+
+    leader: psutil.Process
+    members: dict[int, psutil.Process] = field(default_factory=dict)
+    segments: dict[str, tuple[int, int]] = field(default_factory=dict)  # path -> (st_dev, st_ino) when seen
+
+
+def session_members(watched: Watched) -> list[psutil.Process]:
+    """The processes of the leader's session, and its descendants that left the session (setsid).
+
+    A session id is the leader's pid, which the kernel does not hand out again while the session has members; a
+    session found through a leader that is not the one registered (pid reused) is not ours."""
+    sid = watched.leader.pid
+    found: dict[int, psutil.Process] = {}
+    if _same(watched.leader):
+        found[sid] = watched.leader
+        try:
+            found.update((child.pid, child) for child in watched.leader.children(recursive=True))
+        except psutil.Error:
+            pass
+        for pid in psutil.pids():
+            try:
+                if pid not in found and os.getsid(pid) == sid:
+                    found[pid] = psutil.Process(pid)
+            except (OSError, psutil.Error):
+                continue
+    for pid, proc in watched.members.items():  # seen before: still ours while psutil says it is the same process
+        if pid not in found and _same(proc):
+            found[pid] = proc
+    return list(found.values())
+
+
+def _same(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE  # is_running() checks the create time
+    except psutil.Error:
+        return False
+
+
+def shm_paths(pid: int) -> set[str]:
+    """The /dev/shm files a process has mapped (/proc/PID/maps) or open (/proc/PID/fd); empty where /proc is not."""
+    found: set[str] = set()
+    prefix = SHM_DIR + "/"
+    try:
+        with open(f"/proc/{pid}/maps", errors="replace") as maps:
+            for line in maps:
+                at = line.find(prefix)
+                if at >= 0:
+                    found.add(line[at:].rstrip("\n").removesuffix(" (deleted)"))
+    except OSError:
+        pass
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(prefix):
+            found.add(target.removesuffix(" (deleted)"))
+    return found
+
+
+def note(watched: Watched) -> list[psutil.Process]:
+    """Remember the server's processes and the segments they have now; returns the processes."""
+    members = session_members(watched)
+    for proc in members:
+        watched.members[proc.pid] = proc
+        for path in shm_paths(proc.pid):
+            if path not in watched.segments:
+                identity = _identity(path)
+                if identity is not None:
+                    watched.segments[path] = identity
+    return members
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
+def kill(members: list[psutil.Process], grace_s: float = TERM_GRACE_S) -> list[psutil.Process]:
+    """SIGTERM, `grace_s`, SIGKILL (psutil checks each process's identity first). Returns those still alive."""
+    for proc in members:
+        try:
+            proc.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(members, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(alive, timeout=5)
+    return alive
+
+
+def segments_in_use(paths: set[str]) -> set[str]:
+    """Which of these segments some live process (any, ours or not) has mapped or open."""
+    used: set[str] = set()
+    for pid in psutil.pids():
+        if pid == os.getpid():
+            continue
+        used |= shm_paths(pid) & paths
+        if used == paths:
+            break
+    return used
+
+
+def remove_segments(watched: Watched) -> list[str]:
+    """Unlink the server's segments that still exist as the same file and no live process uses; returns them."""
+    candidates = {path for path, identity in watched.segments.items() if _identity(path) == identity}
+    if not candidates:
+        return []
+    removed = []
+    uid = os.getuid()
+    for path in sorted(candidates - segments_in_use(candidates)):
+        try:
+            if os.stat(path).st_uid == uid:  # another user's file is never ours to remove
+                os.unlink(path)
+                removed.append(path)
+        except OSError:
+            continue
+    return removed
+
+
+def parse(line: str, watched: dict[int, Watched]) -> Watched | None:
+    """Apply one line from pytest; returns the server it released (to clean up after), else None."""
+    parts = line.split()
+    if len(parts) == 3 and parts[0] == "watch":
+        try:
+            proc = psutil.Process(int(parts[1]))
+            if abs(proc.create_time() - float(parts[2])) < 0.01:  # the very process pytest started
+                watched[proc.pid] = Watched(proc)
+        except (ValueError, psutil.Error):
+            pass
+        return None
+    if len(parts) == 2 and parts[0] == "release":
+        try:
+            return watched.pop(int(parts[1]), None)
+        except ValueError:
+            return None
+    return None
+
+
+def run(parent: int, stdin: IO[bytes], period_s: float = PERIOD_S) -> None:
+    """The watchdog's loop: until pytest is gone, then stop what is left of its servers."""
+    watched: dict[int, Watched] = {}
+    buffer = b""
+    fd = stdin.fileno()
+    while True:
+        readable, _, _ = select.select([fd], [], [], period_s)
+        if readable:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break  # end of file: pytest is gone
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                released = parse(line.decode(errors="replace"), watched)
+                if released is not None:
+                    remove_segments(released)
+        if os.getppid() != parent:
+            break
+        for server in watched.values():
+            note(server)
+    members = [proc for server in watched.values() for proc in note(server)]
+    kill(members)
+    for server in watched.values():
+        remove_segments(server)
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is pytest's to handle; we outlive it to check
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal kills pytest: that is when we are needed
+    try:
+        parent = int(argv[1])
+    except (IndexError, ValueError):
+        print("usage: lifeline.py PYTEST_PID (started by pytest-vllm-mem, not by hand)", file=sys.stderr)
+        return 2
+    run(parent, sys.stdin.buffer)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

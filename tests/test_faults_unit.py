@@ -1,0 +1,313 @@
+"""The lifeline (servers die with a killed pytest, their /dev/shm segments are removed) and the per-device startup
+lock, on stand-in processes: no vLLM. The same on real servers is in test_e2e_faults.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from multiprocessing import resource_tracker, shared_memory
+from pathlib import Path
+
+import psutil
+import pytest
+
+from pytest_vllm_mem import devicelock, lifeline
+from pytest_vllm_mem.memory import DeviceInfo
+
+from stubs.helpers import kill_quietly, running
+
+linux_only = pytest.mark.skipif(not Path("/proc/self/maps").exists() or not Path("/dev/shm").is_dir(),
+                                reason="the segment clean-up reads /proc and /dev/shm (Linux)")
+
+# A server stand-in: its own session, a segment it creates and never removes (as a SIGKILLed vLLM leaves it), a
+# child holding a second one, and a grandchild that left the session (setsid).
+SERVER = textwrap.dedent('''
+    import json, os, sys, time
+    from multiprocessing import resource_tracker, shared_memory
+
+    def segment():
+        shm = shared_memory.SharedMemory(create=True, size=4096)
+        resource_tracker.unregister(shm._name, "shared_memory")  # leaks when killed, like vLLM's ring buffers
+        return shm
+
+    out = sys.argv[1]
+    if os.fork() == 0:
+        held = segment()
+        if os.fork() == 0:
+            os.setsid()
+            time.sleep(600)
+        with open(out + ".child", "w") as f:
+            json.dump({"pid": os.getpid(), "segment": held.name}, f)
+        time.sleep(600)
+    own = segment()
+    with open(out + ".tmp", "w") as f:
+        json.dump({"pid": os.getpid(), "segment": own.name}, f)
+    os.replace(out + ".tmp", out)
+    time.sleep(600)
+''')
+
+# A pytest stand-in: starts one server as server.py does, hands it to the lifeline, then waits to be killed (or
+# releases it after stopping it, with "release").
+PYTEST = textwrap.dedent('''
+    import os, signal, subprocess, sys, time
+    import psutil
+    from pytest_vllm_mem.lifeline import lifeline
+
+    server = subprocess.Popen([sys.executable, "-c", open(sys.argv[1]).read(), sys.argv[2]], start_new_session=True)
+    lifeline().watch(server.pid)
+    while not os.path.exists(sys.argv[2] + ".child") or not os.path.exists(sys.argv[2]):
+        time.sleep(0.05)
+    time.sleep(2 * 0.25 + 0.2)  # the watchdog has noted the segments
+    watchdog = lifeline().pid()
+    if sys.argv[3] == "release":
+        procs = [psutil.Process(server.pid), *psutil.Process(server.pid).children(recursive=True)]
+        for proc in procs:
+            proc.kill()
+        psutil.wait_procs(procs, timeout=5)
+        lifeline().release(server.pid)
+    elif sys.argv[3] == "close":
+        lifeline().close()
+    open(sys.argv[2] + ".ready", "w").write(str(watchdog))
+    time.sleep(600)
+''')
+
+
+def _start(tmp_path: Path, mode: str) -> tuple[subprocess.Popen, dict, dict, list[int]]:
+    (tmp_path / "server.py").write_text(SERVER)
+    out = tmp_path / "server.json"
+    stand_in = subprocess.Popen([sys.executable, "-c", PYTEST, str(tmp_path / "server.py"), str(out), mode])
+    deadline = time.monotonic() + 60
+    ready = Path(f"{out}.ready")
+    while not ready.exists():
+        assert stand_in.poll() is None and time.monotonic() < deadline, "the stand-in pytest did not get ready"
+        time.sleep(0.05)
+    server = json.loads(out.read_text())
+    child = json.loads(Path(f"{out}.child").read_text())
+    pids = [server["pid"], child["pid"]]
+    try:  # the grandchild in its own session, the resource trackers multiprocessing started
+        pids += [p.pid for p in psutil.Process(server["pid"]).children(recursive=True) if p.pid not in pids]
+    except psutil.Error:
+        pass
+    return stand_in, server, child, pids
+
+
+def _segment_exists(name: str) -> bool:
+    return Path("/dev/shm", name.lstrip("/")).exists()
+
+
+def _unlink(name: str) -> None:
+    try:
+        os.unlink(Path("/dev/shm", name.lstrip("/")))
+    except OSError:
+        pass
+
+
+@linux_only
+def test_sigkilled_pytest_takes_its_servers_and_their_segments_but_no_other_segment(tmp_path: Path) -> None:
+    # Segments that are not the server's: one this process keeps mapped, one nobody maps. Neither may go.
+    mapped = shared_memory.SharedMemory(create=True, size=4096)
+    unmapped = shared_memory.SharedMemory(create=True, size=4096)
+    unmapped.close()
+    stand_in, server, child, pids = _start(tmp_path, "kill")
+    try:
+        assert len(running(pids)) >= 3 and _segment_exists(server["segment"]) and _segment_exists(child["segment"])
+        killed = time.monotonic()
+        stand_in.send_signal(signal.SIGKILL)
+        deadline = killed + 15
+        while running(pids) or _segment_exists(server["segment"]) or _segment_exists(child["segment"]):
+            assert time.monotonic() < deadline, f"left 15 s after SIGKILL: {running(pids)}"
+            time.sleep(0.05)
+        took = time.monotonic() - killed
+        print(f"[faults] stand-in servers and segments gone {took:.2f} s after SIGKILL of their pytest")
+        assert took < lifeline.TERM_GRACE_S + 3
+        assert _segment_exists(mapped.name) and _segment_exists(unmapped.name)
+    finally:
+        stand_in.kill()
+        kill_quietly(pids)
+        for segment in (server["segment"], child["segment"]):
+            _unlink(segment)
+        mapped.close()
+        mapped.unlink()
+        unmapped.unlink()
+
+
+@linux_only
+def test_a_server_pytest_stopped_leaves_no_segment_and_nothing_else_is_stopped(tmp_path: Path) -> None:
+    stand_in, server, child, pids = _start(tmp_path, "release")  # killed by pytest, then released
+    try:
+        deadline = time.monotonic() + 10
+        while _segment_exists(server["segment"]) or _segment_exists(child["segment"]):
+            assert time.monotonic() < deadline, "the stopped server's segments were not removed"
+            time.sleep(0.05)
+        assert running(pids) == []
+        assert stand_in.poll() is None  # pytest lives on
+    finally:
+        stand_in.kill()
+        kill_quietly(pids)
+        _unlink(server["segment"])
+        _unlink(child["segment"])
+
+
+@linux_only
+def test_a_segment_another_live_process_maps_is_never_removed(tmp_path: Path) -> None:
+    watched = lifeline.Watched(psutil.Process())  # this process as "the server": its mappings get noted
+    shm = shared_memory.SharedMemory(create=True, size=4096)
+    resource_tracker.unregister(shm._name, "shared_memory")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom multiprocessing import shared_memory\n"
+                               "from multiprocessing import resource_tracker\ns = shared_memory.SharedMemory(name=sys.argv[1])\n"
+                               "resource_tracker.unregister(s._name, 'shared_memory')\nprint('ok', flush=True)\n"
+                               "time.sleep(600)", shm.name], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == b"ok"
+        lifeline.note(watched)
+        assert f"/dev/shm/{shm.name.lstrip('/')}" in watched.segments
+        shm.close()  # "the server" let go of it; the holder still maps it
+        assert lifeline.remove_segments(watched) == []
+        assert _segment_exists(shm.name)
+        holder.kill()
+        holder.wait()
+        assert lifeline.remove_segments(watched) == [f"/dev/shm/{shm.name.lstrip('/')}"]
+    finally:
+        holder.kill()
+        _unlink(shm.name)
+
+
+@linux_only
+def test_a_file_recreated_under_a_noted_name_is_not_removed(tmp_path: Path) -> None:
+    shm = shared_memory.SharedMemory(create=True, size=4096)
+    watched = lifeline.Watched(psutil.Process())
+    lifeline.note(watched)
+    path = f"/dev/shm/{shm.name.lstrip('/')}"
+    shm.close()
+    shm.unlink()
+    Path(path).write_bytes(b"someone else's")  # same name, another file
+    try:
+        assert lifeline.remove_segments(watched) == []
+        assert Path(path).exists()
+    finally:
+        os.unlink(path)
+
+
+@linux_only
+def test_orderly_close_stops_what_is_registered_and_the_watchdog_exits(tmp_path: Path) -> None:
+    stand_in, server, child, pids = _start(tmp_path, "close")
+    try:
+        watchdog = int(Path(f"{tmp_path / 'server.json'}.ready").read_text())
+        assert running([watchdog]) == []  # close() waited for it
+        assert running(pids) == []
+        assert not _segment_exists(server["segment"]) and not _segment_exists(child["segment"])
+    finally:
+        stand_in.kill()
+        kill_quietly(pids)
+        _unlink(server["segment"])
+        _unlink(child["segment"])
+
+
+def test_a_watch_line_for_a_reused_pid_is_ignored() -> None:
+    watched: dict[int, lifeline.Watched] = {}
+    me = psutil.Process()
+    lifeline.parse(f"watch {me.pid} {me.create_time() - 100!r}", watched)
+    lifeline.parse("watch nonsense", watched)
+    assert watched == {}
+    lifeline.parse(f"watch {me.pid} {me.create_time()!r}", watched)
+    assert list(watched) == [me.pid]
+    assert lifeline.parse(f"release {me.pid}", watched) is not None and watched == {}
+
+
+def test_the_watchdog_refuses_to_run_without_a_parent_pid() -> None:
+    result = subprocess.run([sys.executable, lifeline.__file__], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and "started by pytest-vllm-mem" in result.stderr
+
+
+# ---------------------------------------------------------------- per-device startup lock
+
+HOLD = textwrap.dedent('''
+    import json, sys, time
+    from pytest_vllm_mem.devicelock import startup_lock
+    from pytest_vllm_mem.memory import DeviceInfo
+    device = DeviceInfo("cuda", "GPU", 1, int(sys.argv[1]), sys.argv[2])
+    asked = time.time()
+    with startup_lock([device], timeout_s=60) as waits:
+        got = time.time()
+        time.sleep(float(sys.argv[3]))
+        done = time.time()
+    print(json.dumps({"asked": asked, "got": got, "done": done, "waited": waits[0].waited_s,
+                      "note": waits[0].note()}))
+''')
+
+
+def _holders(tmp_path: Path, devices: list[tuple[int, str]], hold_s: float) -> list[dict]:
+    env = {**os.environ, devicelock.LOCK_DIR_VAR: str(tmp_path / "locks")}
+    procs = [subprocess.Popen([sys.executable, "-c", HOLD, str(index), uuid, str(hold_s)], env=env,
+                              stdout=subprocess.PIPE, text=True) for index, uuid in devices]
+    return [json.loads(proc.communicate(timeout=60)[0]) for proc in procs]
+
+
+def test_two_startups_on_one_device_are_serialized_across_processes(tmp_path: Path) -> None:
+    first, second = sorted(_holders(tmp_path, [(0, "GPU-aaaa"), (0, "GPU-aaaa")], 1.5), key=lambda r: r["got"])
+    assert second["got"] >= first["done"]  # no overlap
+    assert second["waited"] > 1.0 and "waited" in second["note"] and "pid" in second["note"]
+
+
+def test_startups_on_different_devices_run_at_once(tmp_path: Path) -> None:
+    first, second = _holders(tmp_path, [(0, "GPU-aaaa"), (1, "GPU-bbbb")], 1.5)
+    assert first["got"] < second["done"] and second["got"] < first["done"]  # overlap
+
+
+def test_a_killed_holder_frees_the_device_at_once(tmp_path: Path) -> None:
+    env = {**os.environ, devicelock.LOCK_DIR_VAR: str(tmp_path / "locks")}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, "0", "GPU-aaaa", "600"], env=env, stdout=subprocess.PIPE)
+    try:
+        lock = tmp_path / "locks" / "GPU-aaaa.holder"
+        deadline = time.monotonic() + 30
+        while not lock.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        holder.kill()
+        holder.wait()
+        os.environ[devicelock.LOCK_DIR_VAR] = str(tmp_path / "locks")
+        started = time.monotonic()
+        with devicelock.startup_lock([DeviceInfo("cuda", "GPU", 1, 0, "GPU-aaaa")], timeout_s=5) as waits:
+            assert waits[0].locked
+        assert time.monotonic() - started < 1
+    finally:
+        os.environ.pop(devicelock.LOCK_DIR_VAR, None)
+        holder.kill()
+
+
+def test_a_lock_held_too_long_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(devicelock.LOCK_DIR_VAR, str(tmp_path / "locks"))
+    device = DeviceInfo("cuda", "GPU", 1, 3, None)
+    with devicelock.startup_lock([device], timeout_s=5):
+        # filelock's locks are per open file: a second one in this process waits as another process would
+        with pytest.raises(devicelock.DeviceBusyError, match=r"gpu-index-3.*held by pid \d+"):
+            with devicelock.startup_lock([device], timeout_s=0.3):
+                pass
+
+
+def test_an_unusable_lock_folder_degrades_to_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv(devicelock.LOCK_DIR_VAR, str(blocker / "locks"))  # a folder under a file
+    with devicelock.startup_lock([DeviceInfo("cpu", "cpu", 1, None)], timeout_s=1) as waits:
+        assert not waits[0].locked
+    assert "not serialized" in devicelock.notes(waits)[0]
+
+
+def test_device_keys() -> None:
+    assert devicelock.device_key(DeviceInfo("cuda", "H200", 1, 0, "GPU-12ab/x")) == "GPU-12ab_x"
+    assert devicelock.device_key(DeviceInfo("cuda", "H200", 1, 2, None, 1)) == "gpu-index-2-mig-1"
+    assert devicelock.device_key(DeviceInfo("cpu", "Xeon", 1, None)).startswith("cpu-")
+    # every device of a tensor-parallel server, each once, in one order
+    devices = [DeviceInfo("cuda", "H200", 1, 1, "GPU-b"), DeviceInfo("cuda", "H200", 1, 0, "GPU-a")]
+    os.environ[devicelock.LOCK_DIR_VAR] = str(Path(os.environ.get("TMPDIR", "/tmp")) / f"locks-{os.getpid()}")
+    try:
+        with devicelock.startup_lock([*devices, devices[0]], timeout_s=1) as waits:
+            assert [wait.key for wait in waits] == ["GPU-a", "GPU-b"]
+    finally:
+        os.environ.pop(devicelock.LOCK_DIR_VAR, None)
