@@ -27,7 +27,7 @@ def record_for(request: pytest.FixtureRequest, server_or_error: VLLMServer | VLL
     nodeid = request.node.nodeid
     if nodeid in state.records:
         return state.records[nodeid]
-    from .preflight import PlannedServer
+    from .preflight import PlannedServer, plan_record
 
     is_server = isinstance(server_or_error, (VLLMServer, PlannedServer))
     config = server_or_error.config if is_server else server_or_error.requested
@@ -42,7 +42,7 @@ def record_for(request: pytest.FixtureRequest, server_or_error: VLLMServer | VLL
         startup=server_or_error.startup.to_dict() if server_or_error.startup else {},
         memory=memory.to_dict() if memory else {},
     )
-    record.plan = state.plans.get(launched)
+    record.plan = plan_record(state, launched, record.memory)
     if is_server:
         record.notes.extend(server_or_error.notes)
     # Failed startups are plotted too: memory climbing until the OOM is the most telling timeline.

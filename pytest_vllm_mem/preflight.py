@@ -309,3 +309,15 @@ def preflight_tier(selected: str, minimum: str | None, maximum: str | None) -> s
     if selected.strip().lower() not in ("", "auto"):
         return selected
     return minimum or maximum or selected
+
+
+def plan_record(state: Any, launched: VLLMConfig, memory: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What a test's record keeps of the plan: the plan, and where vLLM logged figures, plan vs logged per term
+    (`vs_logged`: planned, logged, relative error), so the results JSON has both side by side."""
+    data = state.plans.get(launched)
+    if data is None:
+        return None
+    found = state.plan_objects.get(launched)
+    if found is not None and memory:
+        data = {**data, "vs_logged": compare(found[0], memory)}
+    return data

@@ -91,3 +91,25 @@ def test_preflight_tier_and_report_cell() -> None:
     assert kv_cell(108160, planned) == "108,160 (plan 103,040)"
     assert kv_cell(None, planned) == "plan 103,040"
     assert kv_cell(None, {"error": "no config.json"}) == "-"
+
+
+def test_real_run_record_keeps_plan_beside_logged_figures() -> None:
+    from types import SimpleNamespace
+
+    from pytest_vllm_mem.config import VLLMConfig
+    from pytest_vllm_mem.modelinfo import model_info_from_config
+    from pytest_vllm_mem.plan import GIB, Card, plan
+    from pytest_vllm_mem.preflight import plan_record
+
+    info = model_info_from_config(LLAMA2_7B, name="llama")
+    result = plan(info, {"gpu_memory_utilization": 0.9}, Card("cuda", "L4", int(22.03 * GIB)), vllm_version="0.33.0")
+    launched = VLLMConfig("llama", gpu_memory_utilization=0.9)
+    state = SimpleNamespace(plans={launched: result.to_dict()}, plan_objects={launched: (result, "key")})
+    logged = {"weights_gib": 12.55, "kv_cache_gib": 5.0, "kv_cache_tokens": 10240}
+    record = plan_record(state, launched, logged)
+    assert record is not None and record["verdict"] == result.verdict
+    side = record["vs_logged"]
+    assert side["weights_gib"]["logged"] == 12.55
+    assert side["kv_cache_tokens"]["planned"] == result.kv_tokens.value
+    assert side["kv_cache_tokens"]["error"] == pytest.approx((result.kv_tokens.value - 10240) / 10240)
+    assert plan_record(state, VLLMConfig("other"), logged) is None
