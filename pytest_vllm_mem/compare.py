@@ -129,7 +129,9 @@ class Comparison:
         if self.baseline is None:
             return f"{self.metric}: {now} now, no baseline value yet"
         on = f" on vLLM {self.baseline_version}" if self.baseline_version else ""
-        replanned = f" (re-planned from {format_quantity(self.recorded, self.unit)})" if self.recorded is not None else ""
+        replanned = ""
+        if self.recorded is not None:
+            replanned = f" (re-planned from {format_quantity(self.recorded, self.unit)})"
         parts = [f"{self.change_pct:+.1f}%" if self.change_pct is not None else "from 0"]
         if self.tolerance is not None:
             parts.append(f"tolerance {self.tolerance}")

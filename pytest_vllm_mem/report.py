@@ -9,7 +9,7 @@ import platform
 from datetime import datetime, timezone
 from pathlib import Path
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
@@ -20,6 +20,14 @@ from .units import format_bytes, format_quantity
 
 if TYPE_CHECKING:
     from .state import SessionState
+
+class Terminal(Protocol):
+    """What the summary writes to (pytest's TerminalReporter)."""
+
+    def section(self, title: str, sep: str = ...) -> None: ...
+
+    def line(self, msg: str, **markup: bool) -> None: ...
+
 
 COLUMNS = ("test", "outcome", "peak / tier", "KV tokens", "out tok/s", "TTFT p99", "vs baseline")
 UPGRADE_COLUMNS = ("figure", "baseline", "now", "change", "status")
@@ -285,7 +293,7 @@ class ReportWriter:
             self.errors.append(f"{option} {path}: could not write the file ({error.strerror or error}); "
                                "pass a path in a writable folder")
 
-    def terminal_summary(self, terminal, records: list[TestRecord]) -> None:
+    def terminal_summary(self, terminal: Terminal, records: list[TestRecord]) -> None:
         leaked = getattr(self.state, "leaked", [])
         if not records and not leaked and not self.errors and not self.warnings:
             return

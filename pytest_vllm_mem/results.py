@@ -45,7 +45,7 @@ class TestRecord:
     def outcome(self) -> str:
         """The server's story in one word: a failure kind, "regressed", "failed" (the test's own assertion), "ok"."""
         if self.failure:
-            return self.failure["kind"]
+            return str(self.failure["kind"])
         if self.baseline_status == "compared" and any(c["status"] == "regressed" for c in self.comparisons):
             return "regressed"
         if self.passed is False:

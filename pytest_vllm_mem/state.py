@@ -8,6 +8,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -22,6 +23,9 @@ from .server import LaunchSettings, ServerLaunchError, StartupOutcome, VLLMServe
 from .settings import Settings, UsageError
 from .units import GIB, format_bytes
 from .tiers import Emulation, Tier, TierError, emulate_tier, resolve_tier
+
+if TYPE_CHECKING:
+    from .gate import Gate
 
 TINY_MODEL = "tiny"
 # Flags that describe a model's checkpoint, not how it is served: meaningless for the model that replaces it.
@@ -128,6 +132,8 @@ class ServerPool:
 
 class SessionState:
     """Everything the plugin knows during one pytest session; created lazily so that runs without servers pay nothing."""
+
+    gate: Gate  # the session's baseline gate and store, set by pytest_configure (it reads the pytest config)
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
