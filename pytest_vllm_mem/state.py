@@ -207,7 +207,9 @@ class SessionState:
                 self._parser = load_parser_table(self.settings.vllm_cache_dir, self.settings.vllm_python)
             except FlagCheckError as error:
                 raise UsageError(str(error)) from None
-            warn_if_skipped(self._parser)  # once per session: the table is loaded once
+            unwarned = warn_if_skipped(self._parser)  # once per session: the table is loaded once
+            if unwarned and hasattr(self, "report"):  # -W error: said in the summary, never a failed test
+                self.report.errors.append(unwarned)
         return self._parser
 
     def device_total_now(self, config: VLLMConfig | None = None) -> int:
