@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from collections.abc import Mapping
-from typing import Any, Union
+from dataclasses import dataclass
+from typing import Any, TypeAlias
 
-FlagValue = Union[str, int, float, bool, None, tuple]
+# A normalized flag value: lists become tuples of strings, dicts JSON strings.
+FlagValue: TypeAlias = str | int | float | bool | tuple[str, ...] | None
 
 # Environment keys and flags whose values must never appear in reports, ids or baseline files.
 _SECRET_HINTS = ("TOKEN", "KEY", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "AUTH")
@@ -34,8 +37,6 @@ def _normalize_value(key: str, value: Any) -> FlagValue:
         return tuple(str(v) for v in value)
     if isinstance(value, Mapping):
         # vLLM takes dict-valued flags (e.g. --compilation-config) as JSON strings.
-        import json
-
         return json.dumps(value, sort_keys=True)
     raise ConfigError(
         f"VLLMConfig flag {key}={value!r}: a {type(value).__name__} cannot become a vLLM command-line value. "
@@ -51,9 +52,6 @@ def is_secret_key(key: str) -> bool:
     """
     parts = re.split(r"[^A-Za-z0-9]+", key.upper())
     return any(part.endswith(hint) for part in parts for hint in _SECRET_HINTS)
-
-
-is_secret_env_key = is_secret_key  # the original name
 
 
 def _rendered(value: FlagValue) -> tuple[str, ...]:
@@ -73,6 +71,7 @@ def _flag_args(flags: Mapping[str, FlagValue]) -> list[str]:
     return args
 
 
+@dataclass(frozen=True, init=False, eq=False, repr=False)
 class VLLMConfig:
     """A vLLM server configuration: `VLLMConfig(model, *, env=None, **flags)`.
 
@@ -81,9 +80,16 @@ class VLLMConfig:
     `str(config)` is the exact command line (without the interpreter), used in ids and reports.
     """
 
-    __slots__ = ("model", "env", "flags", "_key")
+    model: str
+    # Flags keep the caller's order, so the command line reads as written (identity below is sorted).
+    flags: Mapping[str, FlagValue]
+    env: Mapping[str, str]  # sorted by name
+    # Identity is the command the server runs, in sorted flag order: omitted flags (False/None) do not count, 4096
+    # and "4096" are the same server. Comparing raw values made `x=1` equal `x=True` (1 == True in Python) although
+    # one is `--x 1` and the other a bare `--x`.
+    _key: tuple[str, tuple[tuple[str, tuple[str, ...]], ...], tuple[tuple[str, str], ...]]
 
-    def __init__(self, model: str, *, env: Mapping[str, str] | None = None, **flags: Any) -> None:
+    def __init__(self, model: str, *, env: Mapping[str, object] | None = None, **flags: Any) -> None:
         if not isinstance(model, str) or not model.strip():
             raise ConfigError(
                 f"VLLMConfig model {model!r} is not usable: pass a model name or a local model folder as a "
@@ -98,20 +104,14 @@ class VLLMConfig:
                     "always binds 127.0.0.1 on a free port). Remove it from the config."
                 )
         normalized = {key.replace("-", "_"): _normalize_value(key, value) for key, value in flags.items()}
-        env_items = {str(k): str(v) for k, v in (env or {}).items()}
+        env_items = dict(sorted((str(k), str(v)) for k, v in (env or {}).items()))
+        rendered = sorted((flag_name(k), _rendered(v)) for k, v in normalized.items()
+                          if v is not None and v is not False)
+        # A frozen dataclass: its fields are set once, here, through object.__setattr__ (dataclasses' own way).
         object.__setattr__(self, "model", model)
-        # Flags keep the caller's order, so the command line reads as written (identity below is sorted).
         object.__setattr__(self, "flags", normalized)
-        object.__setattr__(self, "env", dict(sorted(env_items.items())))
-        # Identity is the command the server runs, in sorted flag order: omitted flags (False/None) do not count,
-        # 4096 and "4096" are the same server. Comparing raw values made `x=1` equal `x=True` (1 == True in
-        # Python) although one is `--x 1` and the other a bare `--x`.
-        rendered = sorted((flag_name(k), _rendered(v)) for k, v in normalized.items() if v is not None and v is not False)
-        key = (model, tuple(rendered), tuple(self.env.items()))
-        object.__setattr__(self, "_key", key)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("VLLMConfig is immutable; use with_flags() to derive a new one")
+        object.__setattr__(self, "env", env_items)
+        object.__setattr__(self, "_key", (model, tuple(rendered), tuple(env_items.items())))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, VLLMConfig) and self._key == other._key
@@ -124,13 +124,13 @@ class VLLMConfig:
         value = self.flags.get(name.replace("-", "_"))
         return default if value is None or value is False else value
 
-    def with_flags(self, **changes: Any) -> "VLLMConfig":
+    def with_flags(self, **changes: Any) -> VLLMConfig:
         """A copy with some flags changed (None removes one)."""
         # Normalize dashes as __init__ does, so with_flags(**{"max-model-len": None}) removes max_model_len.
         merged = {**self.flags, **{key.replace("-", "_"): value for key, value in changes.items()}}
         return VLLMConfig(self.model, env=self.env, **merged)
 
-    def with_env(self, **changes: str) -> "VLLMConfig":
+    def with_env(self, **changes: str) -> VLLMConfig:
         return VLLMConfig(self.model, env={**self.env, **changes}, **self.flags)
 
     def cli_args(self) -> list[str]:

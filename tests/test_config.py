@@ -202,3 +202,17 @@ def test_usable_as_parametrize_value_with_ids(pytester: pytest.Pytester) -> None
         "*test_ids?max-model-len=128 enforce-eager? PASSED*",
         "*test_str_ids?vllm serve m --max-model-len 64? PASSED*",
     ])
+
+
+def test_fields_are_declared_for_type_checkers_and_copies_round_trip() -> None:
+    import copy
+    import dataclasses
+    import pickle
+
+    assert [f.name for f in dataclasses.fields(VLLMConfig)][:3] == ["model", "flags", "env"]
+    config = VLLMConfig("m", env={"HF_TOKEN": "abc"}, max_model_len=64, served_model_name=["a"])
+    for clone in (pickle.loads(pickle.dumps(config)), copy.deepcopy(config)):
+        assert clone == config and hash(clone) == hash(config)
+        assert clone.cli_args() == config.cli_args() and clone.env == {"HF_TOKEN": "abc"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.flags = {}  # type: ignore[misc]
