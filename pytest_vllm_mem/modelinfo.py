@@ -299,7 +299,7 @@ def architecture_weight_bytes(info: ModelInfo, dtype_bytes: float) -> int:
                                    + 3 * h * info.shared_expert_intermediate_size)
                      + dense_first * 3 * h * info.intermediate_size)
     else:
-        mlp_total = layers * 3 * h * info.intermediate_size
+        mlp_total = layers * _mlp_matrices(info) * h * info.intermediate_size
     linear = layers * attention + mlp_total
     embeddings = info.vocab_size * h * (1 if info.tie_word_embeddings else 2)
     small = layers * 2 * h + h
@@ -309,6 +309,15 @@ def architecture_weight_bytes(info: ModelInfo, dtype_bytes: float) -> int:
         per_weight = info.quant_bits / 8 + (2 + info.quant_bits / 8) / group
         return int(linear * per_weight + float_params * dtype_bytes)
     return int((linear + float_params) * dtype_bytes)
+
+
+# Model types whose MLP is up/down only (no gate): two matrices per layer instead of three.
+_UNGATED_MLP = frozenset({"phi", "gpt2", "gpt_neox", "gptj", "opt", "bloom", "falcon", "starcoder2", "mpt",
+                          "gpt_bigcode"})
+
+
+def _mlp_matrices(info: ModelInfo) -> int:
+    return 2 if info.model_type in _UNGATED_MLP else 3
 
 
 def dtype_bytes(name: str) -> float:
