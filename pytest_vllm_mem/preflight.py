@@ -250,6 +250,10 @@ def session_plan(state: Any, config: VLLMConfig, launched: VLLMConfig) -> Plan |
                                default_utilization=default_utilization, calibration=calibration)
 
         state.plan_objects[launched] = (result, key, planned_config, replan)
+    if planned_config != launched:  # a predicted failure reports the config as planned: find its plan by it too
+        state.plans[planned_config] = state.plans[launched]
+        if launched in state.plan_objects:
+            state.plan_objects[planned_config] = state.plan_objects[launched]
     return result
 
 
