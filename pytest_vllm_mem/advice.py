@@ -466,12 +466,40 @@ def _peak_over_tier(config: "VLLMConfig", memory: StartupMemory | None, tier_byt
                 f"{memory.weights_gib:.2f} GiB: use a quantized model or tensor_parallel_size "
                 f"{int(config.flag('tensor_parallel_size', 1) or 1) * 2}"]
     current, shown = _utilization(config, memory)
+    total = memory.device_total_gib if memory is not None else None
+    requested = memory.requested_gib if memory is not None else None
+    if total and requested:
+        return _peak_over_tier_from_budget(config, memory, tier, peak, total, requested)
     # vLLM's footprint scales with the utilization budget; scale it by tier/peak, less a point of margin.
     target = round(_floor_to(current * tier / peak, 0.01) - MARGIN, 2)
     if target <= 0.05:
         return [f"peak {peak:.2f} GiB exceeds the {label} tier by {over:.2f} GiB: this model does not fit the tier"]
     rungs = [f"peak {peak:.2f} GiB exceeds the {label} tier by {over:.2f} GiB: gpu_memory_utilization "
              f"{shown} -> {_fmt(target)}"]
+    shorter = _shorter_context(config, memory)
+    if shorter:
+        rungs.append(shorter)
+    return rungs
+
+
+def _peak_over_tier_from_budget(config: "VLLMConfig", memory: StartupMemory | None, tier: float, peak: float,
+                                total: float, requested: float) -> list[str]:
+    """With the budget vLLM logged: the peak is the budget plus what vLLM used outside it (CUDA context, NCCL,
+    allocator slack); only the budget moves with gpu_memory_utilization, so size it to what the tier leaves."""
+    current, shown = _utilization(config, memory)
+    label, over = tier_label(int(tier * GIB)), peak - tier
+    outside = max(peak - requested, 0.0)
+    target = _floor_to((tier - outside) / total - MARGIN, 0.01)
+    non_kv = memory.non_kv_gib if memory is not None else None
+    kv_left = target * total - non_kv if non_kv is not None else None
+    head = f"peak {peak:.2f} GiB exceeds the {label} tier by {over:.2f} GiB"
+    if target <= 0 or (kv_left is not None and kv_left <= 0):
+        what = f"weights, activations and graphs alone take {non_kv:.2f} GiB" if non_kv is not None else "it does not"
+        return [f"{head}: the tier cannot hold this model's server ({what}, and vLLM used {outside:.2f} GiB outside "
+                "its budget): use a quantized model or a larger tier"]
+    kv = f"; {kv_left:.2f} GiB of it stays for the KV cache" if kv_left is not None else ""
+    rungs = [f"{head}: gpu_memory_utilization {shown} -> {_fmt(target)} (a {target * total:.2f} GiB budget of the "
+             f"{total:.2f} GiB device, plus the {outside:.2f} GiB vLLM used outside its budget, fits the tier{kv})"]
     shorter = _shorter_context(config, memory)
     if shorter:
         rungs.append(shorter)

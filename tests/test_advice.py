@@ -8,6 +8,13 @@ from pytest_vllm_mem.advice import GIB, advise, default_utilization, power_of_tw
 from pytest_vllm_mem.config import VLLMConfig
 from pytest_vllm_mem.diagnose import Diagnosis, StartupMemory, classify_failure, parse_startup_memory
 
+# vLLM 0.33.0's GPU startup summary (gpu_worker.py compile_or_warm_up_model), numbers filled in: no public log has it.
+GPU_TOTALS_033 = (
+    "(Worker pid=4320) INFO 11-30 04:48:26 [gpu_worker.py:1066] Free memory on device (23.13/23.55 GiB) on startup. "
+    "Desired GPU memory utilization is (0.92, 21.67 GiB). Actual usage is 14.49 GiB for consumed memory (weights + "
+    "non-torch), 1.34 GiB for peak activation, and 0.53 GiB for CUDAGraph memory."
+)
+
 LOGS = Path(__file__).parent / "data" / "logs"
 
 
@@ -356,3 +363,17 @@ def test_max_model_len_over_the_models_own_lowers_it_to_the_model() -> None:
     assert advise(diagnosis, VLLMConfig("m", max_model_len=131072), memory) == [
         "max_model_len 131072 -> 32768 (the model's config allows 32,768 tokens; env VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 "
         "lifts the check at the risk vLLM warns of)"]
+
+
+def test_peak_above_tier_sized_from_the_logged_budget() -> None:
+    # 0.33's startup summary gives device total, budget and non-KV usage: only the budget moves with the
+    # utilization, what vLLM used outside it stays.
+    memory = parse_startup_memory(GPU_TOTALS_033)  # 23.55 GiB device, 0.92 -> 21.67 GiB budget, 16.36 GiB non-KV
+    rungs = advise(None, VLLMConfig("m"), memory, tier_bytes=20 * GIB, peak_bytes=int(22.5 * GIB))
+    # outside = 22.5 - 21.67 = 0.83; (20 - 0.83) / 23.55 - 0.01 = 0.804 -> 0.8; 0.8 * 23.55 - 16.36 = 2.48 for KV
+    assert rungs == ["peak 22.50 GiB exceeds the 20gb tier by 2.50 GiB: gpu_memory_utilization default 0.92 -> 0.8 "
+                     "(a 18.84 GiB budget of the 23.55 GiB device, plus the 0.83 GiB vLLM used outside its budget, "
+                     "fits the tier; 2.48 GiB of it stays for the KV cache)"]
+    too_small = advise(None, VLLMConfig("m"), memory, tier_bytes=16 * GIB, peak_bytes=int(22.5 * GIB))
+    assert too_small[0].endswith("(weights, activations and graphs alone take 16.36 GiB, and vLLM used 0.83 GiB "
+                                 "outside its budget): use a quantized model or a larger tier")
