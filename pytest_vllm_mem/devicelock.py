@@ -22,6 +22,16 @@ import filelock
 from .memory import DeviceInfo
 
 LOCK_DIR_VAR = "PYTEST_VLLM_MEM_LOCK_DIR"  # where the lock files live; default: <tmp>/pytest-vllm-mem-locks
+SWITCH_VAR = "PYTEST_VLLM_MEM_DEVICE_LOCK"  # "off": startups are not serialized (servers known not to interfere)
+_SWITCH = {"on": True, "1": True, "true": True, "yes": True, "off": False, "0": False, "false": False, "no": False}
+
+
+def enabled() -> bool:
+    value = os.environ.get(SWITCH_VAR, "on").strip().lower()
+    if value not in _SWITCH:
+        raise DeviceLockError(f"{SWITCH_VAR}={os.environ[SWITCH_VAR]!r} is not understood: it turns the per-device "
+                              "startup lock on or off; use on (the default) or off.")
+    return _SWITCH[value]
 
 
 def lock_dir() -> Path:
@@ -63,7 +73,11 @@ class Wait:
         return None
 
 
-class DeviceBusyError(RuntimeError):
+class DeviceLockError(RuntimeError):
+    """The startup lock cannot be had: a bad setting, or another startup held the device too long."""
+
+
+class DeviceBusyError(DeviceLockError):
     """Another startup held the device longer than a startup may take."""
 
 
@@ -71,6 +85,9 @@ class DeviceBusyError(RuntimeError):
 def startup_lock(devices: Sequence[DeviceInfo], timeout_s: float) -> Iterator[list[Wait]]:
     """Hold the startup locks of every device of a server for the body, taken in one order (no deadlock between
     two tensor-parallel servers); waits at most `timeout_s` for each (DeviceBusyError after)."""
+    if not enabled():
+        yield []
+        return
     with ExitStack() as stack:
         yield [stack.enter_context(_lock_one(key, timeout_s)) for key in sorted({device_key(d) for d in devices})]
 

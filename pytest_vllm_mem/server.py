@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 import psutil
 import requests
@@ -25,8 +26,9 @@ import requests
 from .advice import render_steps
 from .compile_cache import compile_cache_env, note_aot_load_failure
 from .config import VLLMConfig, is_secret_key
-from .devicelock import DeviceBusyError, notes as lock_notes, startup_lock
+from .devicelock import DeviceLockError, notes as lock_notes, startup_lock
 from .diagnose import Diagnosis, StartupMemory, classify_failure, parse_startup_memory, timeout_diagnosis
+from .kinds import FailureKind
 from .lifeline import lifeline
 from .memory import DeviceInfo, MemoryProbe, MemorySampler, NvmlError
 
@@ -45,6 +47,16 @@ class LaunchSettings:
     health_poll_s: float = 0.25
 
 
+class StartupRecord(TypedDict):
+    """StartupOutcome as a test record and the results JSON keep it."""
+
+    ok: bool
+    kind: str
+    duration_s: float
+    peak_memory_bytes: int
+    peak_memory_per_gpu: list[int]
+
+
 @dataclass(frozen=True)
 class StartupOutcome:
     ok: bool
@@ -53,21 +65,22 @@ class StartupOutcome:
     peak_memory_bytes: int  # the server's total over its devices
     peak_memory_per_gpu: tuple[int, ...] = ()  # each device's own peak, in the order of VLLMServer.devices
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> StartupRecord:
         return {"ok": self.ok, "kind": self.kind, "duration_s": round(self.duration_s, 3),
                 "peak_memory_bytes": self.peak_memory_bytes, "peak_memory_per_gpu": list(self.peak_memory_per_gpu)}
 
 
 class VLLMStartupError(Exception):
-    """A vLLM server did not become healthy. `kind` says why (see diagnose.FAILURE_KINDS)."""
+    """A vLLM server did not become healthy. `kind` says why (see kinds.FAILURE_KINDS). As on VLLMServer, `config` is
+    what the test asked for and `launched` what ran (tier emulation, overrides); `config` defaults to `launched`."""
 
-    def __init__(self, diagnosis: Diagnosis, config: VLLMConfig, log_path: Path | None,
-                 startup: StartupOutcome, advice: list[str] | None = None, *,
-                 server: "VLLMServer | None" = None, memory: StartupMemory | None = None) -> None:
+    def __init__(self, diagnosis: Diagnosis, launched: VLLMConfig, log_path: Path | None,
+                 startup: StartupOutcome, advice: list[str] | None = None, *, config: VLLMConfig | None = None,
+                 server: VLLMServer | None = None, memory: StartupMemory | None = None) -> None:
         self.diagnosis = diagnosis
-        self.kind = diagnosis.kind
-        self.config = config  # the command that ran (after tier emulation and overrides)
-        self.requested = config  # the config the test asked for; the fixtures set it when they differ
+        self.kind: FailureKind = diagnosis.kind
+        self.config = config if config is not None else launched
+        self.launched = launched
         self.log_path = log_path
         self.startup = startup
         self.advice = list(advice or [])
@@ -80,7 +93,7 @@ class VLLMStartupError(Exception):
         if self.diagnosis.root_cause:
             lines.append("root cause (from the server log):" if self.log_path else "root cause:")
             lines += [f"    {line}" for line in self.diagnosis.root_cause]
-        lines.append(f"command: {self.config}")
+        lines.append(f"command: {self.launched}")
         lines += render_steps(self.advice)
         if self.log_path:
             lines.append(f"full log: {self.log_path}")
@@ -338,7 +351,7 @@ def launch(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSettings, p
                               settings.startup_timeout_s + settings.stop_grace_s + 60) as waits:
                 server = _launch_once(config, launched, settings, probe, advise, devices)
             taken += lock_notes(waits)
-        except DeviceBusyError as error:
+        except DeviceLockError as error:
             raise ServerLaunchError(str(error)) from None
         except VLLMStartupError as error:
             if attempt == PORT_ATTEMPTS or not _port_was_taken(error):
@@ -409,8 +422,7 @@ def _launch_once(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSetti
     server.stop(settings.stop_grace_s)
     outcome = StartupOutcome(False, diagnosis.kind, duration, peak, per_gpu)
     advice = advise(diagnosis, memory, peak) if advise else []
-    error = VLLMStartupError(diagnosis, launched, log_path, outcome, advice, server=server, memory=memory)
-    raise error
+    raise VLLMStartupError(diagnosis, launched, log_path, outcome, advice, config=config, server=server, memory=memory)
 
 
 def _wait_healthy(server: VLLMServer, settings: LaunchSettings) -> Diagnosis | None:

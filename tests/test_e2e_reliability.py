@@ -181,7 +181,8 @@ def test_interrupting_pytest_during_a_real_startup_stops_every_server_process(py
     cases = ["a", "b"][:max(workers, 1)]
     pytester.makepyfile(test_inner=STARTS.replace("CASES", repr(cases)))
     token = f"reliability-{sig.name}-{workers}-{os.getpid()}-{time.time_ns()}"
-    env = {**os.environ, TOKEN_VAR: token}
+    # Startups not serialized per device (devicelock): the xdist case needs both servers starting at once.
+    env = {**os.environ, TOKEN_VAR: token, "PYTEST_VLLM_MEM_DEVICE_LOCK": "off"}
     log = pytester.path / "inner.log"
     xdist = ["-n", str(workers)] if workers else []
     process = popen_pytest(pytester.path, [f"--vllm-cache-dir={CACHE_DIR}", "-s", *xdist], env, log)

@@ -311,3 +311,14 @@ def test_device_keys() -> None:
             assert [wait.key for wait in waits] == ["GPU-a", "GPU-b"]
     finally:
         os.environ.pop(devicelock.LOCK_DIR_VAR, None)
+
+
+def test_the_lock_can_be_turned_off_and_a_bad_switch_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    device = DeviceInfo("cpu", "cpu", 1, None)
+    monkeypatch.setenv(devicelock.SWITCH_VAR, "off")
+    with devicelock.startup_lock([device], timeout_s=1) as waits:
+        assert waits == []
+    monkeypatch.setenv(devicelock.SWITCH_VAR, "sometimes")
+    with pytest.raises(devicelock.DeviceLockError, match="PYTEST_VLLM_MEM_DEVICE_LOCK='sometimes'.*on .*or off"):
+        with devicelock.startup_lock([device], timeout_s=1):
+            pass

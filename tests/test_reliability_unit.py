@@ -301,7 +301,8 @@ def interrupt_inner(pytester: pytest.Pytester, sig: int, body: str, pid_files: l
     runner does); returns (exit code, output, seconds until the stubs were gone, their pids)."""
     pytester.makepyfile(test_inner=STUB_CONFIGS + body)
     token = f"interrupt-{os.getpid()}-{sig}-{time.time_ns()}"
-    env = {**os.environ, **STUB_ENV, TOKEN_VAR: token}
+    # Startups not serialized per device (devicelock): the xdist case needs two stubs hanging in startup at once.
+    env = {**os.environ, **STUB_ENV, TOKEN_VAR: token, "PYTEST_VLLM_MEM_DEVICE_LOCK": "off"}
     log = pytester.path / "inner.log"
     process = popen_pytest(pytester.path, [*stub_args(pytester.path / "cache"), "--vllm-startup-timeout=120", *args],
                            env, log)
