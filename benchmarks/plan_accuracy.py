@@ -28,8 +28,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pytest_vllm_mem.modelinfo import model_info_from_config  # noqa: E402
-from pytest_vllm_mem.plan import GIB, Card, Plan, plan  # noqa: E402
+from pytest_vllm_mem.modelinfo import model_info_from_config
+from pytest_vllm_mem.plan import GIB, Card, Plan, plan
 
 DATA = Path(__file__).resolve().parent / "data" / "gpu_startups.json"
 

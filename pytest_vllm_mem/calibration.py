@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from .plan import GIB, Calibration, Plan
+from .plan import Calibration, Plan
+from .units import GIB
 
 # Flags that change the overheads (profile batch, graph capture, sharding, dtypes); others do not.
 SHAPE_FLAGS = ("max_num_batched_tokens", "max_num_seqs", "enforce_eager", "tensor_parallel_size", "dtype",

@@ -333,6 +333,16 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-__all__ = ["CheckpointBytes", "ModelInfo", "ModelInfoError", "architecture_weight_bytes", "checkpoint_bytes",
-           "dtype_bytes", "find_model_folder", "load_model_info", "model_info_from_config", "read_safetensors_header",
-           "ceil_div"]
+__all__ = [
+    "CheckpointBytes",
+    "ModelInfo",
+    "ModelInfoError",
+    "architecture_weight_bytes",
+    "ceil_div",
+    "checkpoint_bytes",
+    "dtype_bytes",
+    "find_model_folder",
+    "load_model_info",
+    "model_info_from_config",
+    "read_safetensors_header",
+]

@@ -13,10 +13,17 @@ replaced by a calibration (figures logged by an earlier startup of the same mode
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any
 
-from .modelinfo import ModelInfo, ModelInfoError, architecture_weight_bytes, ceil_div, dtype_bytes
+from .modelinfo import (
+    ModelInfo,
+    ModelInfoError,
+    architecture_weight_bytes,
+    ceil_div,
+    dtype_bytes,
+)
 from .units import GIB, format_bytes
 
 VERDICTS = ("fits", "kv_cache_insufficient", "weights_too_large", "host_memory", "tier_exceeded", "cuda_oom")
@@ -43,7 +50,7 @@ class Estimate:
     source: str  # checkpoint, architecture, estimate, calibrated, flag, exact
 
     @classmethod
-    def exact(cls, value: int, source: str = "exact") -> "Estimate":
+    def exact(cls, value: int, source: str = "exact") -> Estimate:
         return cls(value, value, value, source)
 
     def to_dict(self) -> dict[str, Any]:
@@ -285,9 +292,9 @@ def weights_per_gpu(info: ModelInfo, *, tp: int, dtype: float, quantization: str
         info = replace(info, quant_bits=8, quant_group_size=10**9, checkpoint=None)  # online FP8 of bf16 weights
     if info.checkpoint is not None:
         ckpt = info.checkpoint
-        floats = ckpt.float_bytes if info.quant_method else ckpt.float_bytes
+        # Quantized checkpoints load as stored; float ones are cast to the served dtype.
         scale = dtype / ckpt.float_dtype_bytes if not info.quant_method else 1.0
-        total = int((ckpt.total - floats) + floats * scale)
+        total = int((ckpt.total - ckpt.float_bytes) + ckpt.float_bytes * scale)
         value = total // tp
         return Estimate(value, int(value * 0.99), int(value * 1.02), "checkpoint")
     value = architecture_weight_bytes(info, dtype) // tp

@@ -7,14 +7,19 @@ VLLMStartupError a real startup would raise, with the plan's figures.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 from .config import VLLMConfig
 from .modelinfo import ModelInfo, ModelInfoError, load_model_info
-from .plan import GIB, Calibration, Card, Plan, PlanError, plan
+from .plan import Calibration, Card, Plan, PlanError, plan
 from .tiers import Tier
+from .units import GIB
+
+if TYPE_CHECKING:
+    from .kinds import FailureKind
 
 # The four rungs of the example suite's ladder (example_suite/conftest.py, `strategies`).
 LADDER: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -119,8 +124,9 @@ def plan_figures(result: Plan) -> dict[str, float]:
 def compare(result: Plan, memory: Mapping[str, Any]) -> dict[str, Any]:
     """Plan vs what vLLM logged at startup (diagnose.StartupMemory.to_dict()), term by term."""
     rows: dict[str, Any] = {}
-    pairs = (("weights_gib", result.weights.value / GIB), ("kv_cache_gib", result.kv_bytes.value / GIB),
-             ("kv_cache_tokens", result.kv_tokens.value), ("graph_capture_gib", result.graph.value / GIB))
+    pairs: tuple[tuple[str, float], ...] = (
+        ("weights_gib", result.weights.value / GIB), ("kv_cache_gib", result.kv_bytes.value / GIB),
+        ("kv_cache_tokens", float(result.kv_tokens.value)), ("graph_capture_gib", result.graph.value / GIB))
     if result.backend == "cpu":
         pairs += (("non_kv_gib", result.activation.value / GIB), ("requested_gib", result.requested_bytes / GIB))
     for key, planned in pairs:
@@ -193,9 +199,8 @@ def plan_advice(result: Plan, replan: Callable[[dict[str, Any]], Plan]) -> list[
     if result.verdict == "kv_cache_insufficient" and result.longest_context >= 256:
         steps.append(f"max_model_len {result.max_model_len} -> {result.longest_context // 256 * 256} (the KV cache "
                      f"holds {result.kv_tokens.value:,} tokens)")
-    if result.graph.value and not result.graph.low == result.graph.high == 0:
-        if replan({"enforce_eager": True}).fits:
-            steps.append("enforce_eager (no CUDA graph pool: the plan fits without it)")
+    if result.graph.value and replan({"enforce_eager": True}).fits:
+        steps.append("enforce_eager (no CUDA graph pool: the plan fits without it)")
     return steps or ["a larger tier: no utilization, context length or eager mode makes this config fit"]
 
 
@@ -205,10 +210,11 @@ def predicted_failure(config: VLLMConfig, launched: VLLMConfig, result: Plan, ad
     from .server import StartupOutcome, VLLMStartupError
 
     sure = "" if result.sure else " (the verdict is within the estimate's range: a real startup may differ)"
-    diagnosis = Diagnosis(kind=result.verdict, summary=f"predicted by the plan, not measured: {result.summary}{sure}",
+    kind = cast("FailureKind", result.verdict)  # plan.VERDICTS other than "fits" are all failure kinds
+    diagnosis = Diagnosis(kind=kind, summary=f"predicted by the plan, not measured: {result.summary}{sure}",
                           root_cause=tuple(line.strip() for line in result.lines()[1:]), figures=plan_figures(result))
-    error = VLLMStartupError(diagnosis, launched, None, StartupOutcome(False, result.verdict, 0.0, 0), advice)
-    error.requested = config
+    error = VLLMStartupError(diagnosis, launched, None, StartupOutcome(False, result.verdict, 0.0, 0), advice,
+                             config=config)
     return error
 
 
@@ -318,7 +324,7 @@ def preflight_tier(selected: str, minimum: str | None, maximum: str | None) -> s
 def plan_record(state: Any, launched: VLLMConfig, memory: Mapping[str, Any]) -> dict[str, Any] | None:
     """What a test's record keeps of the plan: the plan, and where vLLM logged figures, plan vs logged per term
     (`vs_logged`: planned, logged, relative error), so the results JSON has both side by side."""
-    data = state.plans.get(launched)
+    data: dict[str, Any] | None = state.plans.get(launched)
     if data is None:
         return None
     found = state.plan_objects.get(launched)

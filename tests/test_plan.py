@@ -8,9 +8,24 @@ from pathlib import Path
 
 import pytest
 
-from pytest_vllm_mem.modelinfo import (ModelInfoError, architecture_weight_bytes, checkpoint_bytes, find_model_folder,
-                                       load_model_info, model_info_from_config, read_safetensors_header)
-from pytest_vllm_mem.plan import GIB, Calibration, Card, PlanError, PlanUnsupported, kv_bytes_per_token, plan
+from pytest_vllm_mem.modelinfo import (
+    ModelInfoError,
+    architecture_weight_bytes,
+    checkpoint_bytes,
+    find_model_folder,
+    load_model_info,
+    model_info_from_config,
+    read_safetensors_header,
+)
+from pytest_vllm_mem.plan import (
+    GIB,
+    Calibration,
+    Card,
+    PlanError,
+    PlanUnsupported,
+    kv_bytes_per_token,
+    plan,
+)
 
 # Public config.json figures (Hugging Face model cards), trimmed to what the plan reads.
 LLAMA2_7B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,

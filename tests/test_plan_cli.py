@@ -6,13 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+from test_plan import LLAMA2_7B
 
 from pytest_vllm_mem.__main__ import main
 from pytest_vllm_mem.calibration import CalibrationStore, calibration_key, from_startup
 from pytest_vllm_mem.modelinfo import model_info_from_config
 from pytest_vllm_mem.plan import GIB, Card, plan
-
-from test_plan import LLAMA2_7B
 
 
 @pytest.fixture

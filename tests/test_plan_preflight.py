@@ -6,10 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from test_plan import LLAMA2_7B
 
 from pytest_vllm_mem.preflight import kv_cell, preflight_tier
-
-from test_plan import LLAMA2_7B
 
 SUITE = '''
 import pytest
