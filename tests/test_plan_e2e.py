@@ -4,7 +4,6 @@ the second config of the same model is planned from the first one's calibration.
 from __future__ import annotations
 
 import pytest
-
 from e2e import record, run_inner
 
 pytestmark = pytest.mark.e2e
