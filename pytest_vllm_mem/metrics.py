@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from pytest_vllm_mem.units import (
+    GIB,
     UnitError,
     format_quantity,
     parse_duration_ms,
@@ -21,7 +22,6 @@ from pytest_vllm_mem.units import (
     split_amount,
 )
 
-GIB = 2**30
 Scope = Literal["server", "load"]
 
 
@@ -97,7 +97,7 @@ class Metric:
     `scope` "server": one value per server startup, at `path` in the record ("startup" or "memory" first);
     "load": one value per completed load, at `path` in the load's dict. `scale` converts the stored unit (vLLM logs
     GiB) to the metric's unit. `kv_sized`: the figure holds or counts the KV cache, whose size vLLM derives from the
-    device memory it sees (see compare.replan)."""
+    device memory it sees (see compare.Replan)."""
 
     name: str
     unit: str  # "bytes", "tokens", "tok/s", "req/s", "ms", "s", "x"

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
@@ -19,7 +19,9 @@ from .results import TestRecord
 from .units import format_bytes, format_quantity
 
 if TYPE_CHECKING:
+    from .server import VLLMServer
     from .state import SessionState
+
 
 class Terminal(Protocol):
     """What the summary writes to (pytest's TerminalReporter)."""
@@ -208,7 +210,7 @@ class ReportWriter:
 
     def header(self, records: list[TestRecord] | None = None) -> str:
         state = self.state
-        if state._device is None:
+        if state.known_device is None:
             if not records:
                 return "no server started"
             # The pytest-xdist controller started no server: its workers' records say where they ran.
@@ -218,13 +220,13 @@ class ReportWriter:
         return (f"tier {state.tier.name}, {device.backend} device {device.name} "
                 f"({format_bytes(device.total_bytes)}), vLLM {state.parser_table.version}")
 
-    def finish_record(self, record: TestRecord) -> None:
-        """Per-test work at teardown (plots of the server timeline)."""
-        if self.state.settings.vllm_plots and record.timeline:
+    def finish_record(self, record: TestRecord, server: VLLMServer | None) -> None:
+        """Per-test work at teardown (plots of the timeline of the test's server)."""
+        if self.state.settings.vllm_plots and server is not None:
             from .plots import plot_record
 
             try:
-                record.plot = str(plot_record(record, self.state.settings.vllm_plots))
+                record.plot = str(plot_record(record, server, self.state.settings.vllm_plots))
             except ImportError:
                 message = "--vllm-plots needs matplotlib: pip install 'pytest-vllm-mem[plots]'"
                 if message not in self.warnings:
@@ -259,9 +261,10 @@ class ReportWriter:
     def environment(self, records: list[TestRecord]) -> dict[str, Any]:
         """Tier, device and vLLM of this run: from the session, or (pytest-xdist controller) from its records."""
         state = self.state
-        if state._device is not None:
-            return {"tier": state.tier.name, "device": state.device.name, "backend": state.device.backend,
-                    "vllm_version": state.parser_table.version if state._parser else None}
+        device = state.known_device
+        if device is not None:
+            return {"tier": state.tier.name, "device": device.name, "backend": device.backend,
+                    "vllm_version": state.known_vllm_version}
         first = records[0] if records else None
         return {"tier": first.tier if first else state.tier_text, "device": first.device if first else None,
                 "backend": first.backend if first else None, "vllm_version": first.vllm_version if first else None}
