@@ -5,6 +5,7 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -162,7 +163,7 @@ def test_placement_against_the_supported_range(version: str | None, where: str) 
     assert placement(version) == where
 
 
-def dump_interpreter(folder: Path, dump: dict, count_file: Path | None = None) -> Path:
+def dump_interpreter(folder: Path, dump: Mapping[str, object], count_file: Path | None = None) -> Path:
     """A fake --vllm-python whose `-c` prints `dump` as the parser dump's last line (after some chatter)."""
     (folder / "dump.json").write_text(json.dumps(dump) + "\n")
     count = f"echo x >> {count_file}\n" if count_file else ""

@@ -12,6 +12,9 @@ Without VLLM_MEM_WHEEL_SRC every test here is skipped: run `bash ci/check-vllm-w
 from __future__ import annotations
 
 import ast
+import hashlib
+import inspect
+import json
 import os
 import re
 import sys
@@ -19,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_vllm_mem import diagnose
+from pytest_vllm_mem import diagnose, tiny_model
+from pytest_vllm_mem.compile_cache import AOT_LOAD_FAILURE
 from pytest_vllm_mem.config import VLLMConfig
 from pytest_vllm_mem.flagcheck import ParserTable, flag_problems, load_parser_table
 from pytest_vllm_mem.server import SERVER_MODULE
@@ -107,6 +111,19 @@ def test_the_entry_points_the_plugin_relies_on_exist() -> None:
     assert "vllm = vllm.entrypoints.cli.main:main" in entry_points.read_text()
     main = (vllm / "entrypoints" / "cli" / "main.py").read_text()
     assert "vllm.entrypoints.cli.serve" in main and "cmd_init()" in main and "subparser_init(" in main
+
+
+def test_what_the_plugin_reads_from_vllm_internals_is_there() -> None:
+    vllm = source() / "vllm"
+    envs = (vllm / "envs.py").read_text()
+    for variable in ("VLLM_CACHE_ROOT", "VLLM_CPU_KVCACHE_SPACE"):  # compile cache folder; CPU KV size in plan/advice
+        assert f'"{variable}"' in envs, variable
+    # compile_cache turns AOT off after vLLM's load-failure warning: where the release has AOT, the warning is there.
+    if '"VLLM_USE_AOT_COMPILE"' in envs:
+        assert AOT_LOAD_FAILURE in (vllm / "compilation" / "decorators.py").read_text()
+    # The built-in tiny model's architecture is one the release registers.
+    [architecture] = re.findall(r'"architectures": \["(\w+)"\]', Path(tiny_model.__file__).read_text())
+    assert f'"{architecture}"' in (vllm / "model_executor" / "models" / "registry.py").read_text()
 
 
 # --- diagnose.py's log-line patterns against the release's format strings --------------------------------------------
@@ -199,8 +216,23 @@ _NOT_IN_0_10 = ("_CPU_KV", "_CPU_REQUESTED", "_CPU_NON_KV", "_HOST_OOM", "_GPU_T
 EXPECTED_LINES = {"0.10.0": {k: v for k, v in _ALL.items() if k not in _NOT_IN_0_10}}
 
 
-def test_diagnose_patterns_match_the_release_log_lines() -> None:
+def cached_templates() -> list[tuple[str, str]]:
+    """message_templates of the unpacked release, kept next to it: parsing 3,000 files takes most of a minute, and
+    the result changes only with the release or with this file's extraction code (its hash is in the name)."""
+    code = "".join(inspect.getsource(f) for f in (_percent, _is_text, _render, message_templates)) + repr(_SAMPLES)
+    assert WHEEL_SRC
+    cache = Path(WHEEL_SRC) / f"templates-{hashlib.sha1(code.encode()).hexdigest()[:12]}.json"
+    if cache.is_file():
+        return [(path, text) for path, text in json.loads(cache.read_text())]
     templates = message_templates(source() / "vllm")
+    tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(templates))
+    os.replace(tmp, cache)
+    return templates
+
+
+def test_diagnose_patterns_match_the_release_log_lines() -> None:
+    templates = cached_templates()
     expected = EXPECTED_LINES.get(VERSION, _ALL)
     unmatched = []
     for name, anchor in expected.items():
