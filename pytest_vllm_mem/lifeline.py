@@ -14,8 +14,8 @@ live process has them mapped or open any more. While servers run it notes those 
 crashed) gets the same segment clean-up when pytest says so.
 
 Why not PR_SET_PDEATHSIG in the server: it fires when the *thread* that forked exits, needs preexec_fn (unsafe with
-threads), covers the API server only (vLLM 0.32's EngineCore does not watch its parent; killed API servers left it
-running), and leaves the segments. Linux first: the segment clean-up reads /proc; without it (macOS) processes are
+threads), covers the API server only (vLLM 0.32's EngineCore has no parent-death watch of its own: no prctl, no
+parent check in v1/engine/core.py), and leaves the segments. Linux first: the segment clean-up reads /proc; without it (macOS) processes are
 still stopped; where sessions do not exist (Windows) the lifeline is off.
 """
 
@@ -34,7 +34,10 @@ from typing import IO
 
 import psutil
 
-PERIOD_S = 0.25  # how often the watchdog notes the servers' processes and segments
+PERIOD_S = 0.5  # how often the watchdog notes the servers' processes and the segments they hold open
+# ... and how often it also reads their memory maps and trees: a vLLM process's /proc/PID/maps takes ~10 ms to
+# read, every 0.5 s it would cost a tenth of a core next to the server it measures.
+DEEP_PERIOD_S = 5.0
 TERM_GRACE_S = 2.0  # SIGTERM lets a healthy vLLM remove its own files; then SIGKILL
 SHM_DIR = "/dev/shm"
 
@@ -145,7 +148,7 @@ class Watched:
     segments: dict[str, tuple[int, int]] = field(default_factory=dict)  # path -> (st_dev, st_ino) when seen
 
 
-def session_members(watched: Watched) -> list[psutil.Process]:
+def session_members(watched: Watched, deep: bool = True) -> list[psutil.Process]:
     """The processes of the leader's session, and its descendants that left the session (setsid).
 
     A session id is the leader's pid, which the kernel does not hand out again while the session has members; a
@@ -154,10 +157,11 @@ def session_members(watched: Watched) -> list[psutil.Process]:
     found: dict[int, psutil.Process] = {}
     if _same(watched.leader):
         found[sid] = watched.leader
-        try:
-            found.update((child.pid, child) for child in watched.leader.children(recursive=True))
-        except psutil.Error:
-            pass
+        if deep:
+            try:
+                found.update((child.pid, child) for child in watched.leader.children(recursive=True))
+            except psutil.Error:
+                pass
         for pid in psutil.pids():
             try:
                 if pid not in found and os.getsid(pid) == sid:
@@ -177,18 +181,22 @@ def _same(proc: psutil.Process) -> bool:
         return False
 
 
-def shm_paths(pid: int) -> set[str]:
-    """The /dev/shm files a process has mapped (/proc/PID/maps) or open (/proc/PID/fd); empty where /proc is not."""
+def shm_paths(pid: int, maps: bool = True) -> set[str]:
+    """The /dev/shm files a process has open (/proc/PID/fd) and, with `maps`, mapped (/proc/PID/maps: named
+    semaphores, segments whose fd was closed); empty where /proc is not."""
     found: set[str] = set()
     prefix = SHM_DIR + "/"
-    try:
-        with open(f"/proc/{pid}/maps", errors="replace") as maps:
-            for line in maps:
-                at = line.find(prefix)
-                if at >= 0:
-                    found.add(line[at:].rstrip("\n").removesuffix(" (deleted)"))
-    except OSError:
-        pass
+    if maps:
+        try:
+            with open(f"/proc/{pid}/maps", "rb") as file:
+                text = file.read().decode(errors="replace")
+        except OSError:
+            text = ""
+        at = text.find(prefix)
+        while at >= 0:
+            end = text.find("\n", at)
+            found.add(text[at:end if end >= 0 else None].removesuffix(" (deleted)"))
+            at = text.find(prefix, end) if end >= 0 else -1
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
@@ -203,12 +211,12 @@ def shm_paths(pid: int) -> set[str]:
     return found
 
 
-def note(watched: Watched) -> list[psutil.Process]:
+def note(watched: Watched, deep: bool = True) -> list[psutil.Process]:
     """Remember the server's processes and the segments they have now; returns the processes."""
-    members = session_members(watched)
+    members = session_members(watched, deep)
     for proc in members:
         watched.members[proc.pid] = proc
-        for path in shm_paths(proc.pid):
+        for path in shm_paths(proc.pid, maps=deep):
             if path not in watched.segments:
                 identity = _identity(path)
                 if identity is not None:
@@ -294,6 +302,7 @@ def run(parent: int, stdin: IO[bytes], period_s: float = PERIOD_S) -> None:
     watched: dict[int, Watched] = {}
     buffer = b""
     fd = stdin.fileno()
+    deep_at = 0.0
     while True:
         readable, _, _ = select.select([fd], [], [], period_s)
         if readable:
@@ -308,8 +317,11 @@ def run(parent: int, stdin: IO[bytes], period_s: float = PERIOD_S) -> None:
                     remove_segments(released)
         if os.getppid() != parent:
             break
+        deep = time.monotonic() >= deep_at
+        if deep:
+            deep_at = time.monotonic() + DEEP_PERIOD_S
         for server in watched.values():
-            note(server)
+            note(server, deep)
     members = [proc for server in watched.values() for proc in note(server)]
     kill(members)
     for server in watched.values():

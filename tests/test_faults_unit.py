@@ -56,13 +56,14 @@ SERVER = textwrap.dedent('''
 PYTEST = textwrap.dedent('''
     import os, signal, subprocess, sys, time
     import psutil
+    from pytest_vllm_mem import lifeline as module
     from pytest_vllm_mem.lifeline import lifeline
 
     server = subprocess.Popen([sys.executable, "-c", open(sys.argv[1]).read(), sys.argv[2]], start_new_session=True)
     lifeline().watch(server.pid)
     while not os.path.exists(sys.argv[2] + ".child") or not os.path.exists(sys.argv[2]):
         time.sleep(0.05)
-    time.sleep(2 * 0.25 + 0.2)  # the watchdog has noted the segments
+    time.sleep(2 * module.PERIOD_S + 0.2)  # the watchdog has noted the segments
     watchdog = lifeline().pid()
     if sys.argv[3] == "release":
         procs = [psutil.Process(server.pid), *psutil.Process(server.pid).children(recursive=True)]
