@@ -82,3 +82,26 @@ def test_tuner_trials_decided_by_the_plan_do_not_spend_startups() -> None:
     assert result.best is not None and abs(result.best.utilization - 0.3) < 1e-9
     assert len(started) <= 2 and any(t.phase == "planned" for t in result.trials)
     assert len(result.trials) > 2  # more trials than the startup budget: the planned ones were free
+
+
+def test_a_real_startup_becomes_the_sessions_calibration_and_is_kept_with_the_baselines(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from pytest_vllm_mem.config import VLLMConfig
+    from pytest_vllm_mem.diagnose import StartupMemory
+    from pytest_vllm_mem.preflight import calibration_path, learn_from_startup
+
+    info = model_info_from_config(LLAMA2_7B, name="llama")
+    first = plan(info, {"gpu_memory_utilization": 0.9}, Card("cuda", "L4", int(22.03 * GIB)), vllm_version="0.33.0")
+    launched = VLLMConfig("llama", gpu_memory_utilization=0.9)
+    settings = SimpleNamespace(vllm_update_baseline=True, vllm_baseline=tmp_path / "baselines.json")
+    state = SimpleNamespace(settings=settings, plan_objects={launched: (first, "llama|0.33.0|L4|")}, calibrations={})
+    memory = StartupMemory(weights_gib=12.55, kv_cache_gib=5.02, graph_capture_gib=0.61)
+    learn_from_startup(state, launched, memory, None)
+    assert state.calibrations["llama|0.33.0|L4|"].weights_bytes == int(12.55 * GIB)
+    stored = CalibrationStore(calibration_path(settings)).get("llama|0.33.0|L4|")
+    assert stored == state.calibrations["llama|0.33.0|L4|"]
+    settings.vllm_update_baseline = False  # without --vllm-update-baseline nothing is written
+    calibration_path(settings).unlink()
+    learn_from_startup(state, launched, memory, None)
+    assert not calibration_path(settings).exists()
