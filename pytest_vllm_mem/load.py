@@ -20,6 +20,8 @@ from typing import Any
 
 import aiohttp
 
+from .progress import watch_load
+
 ERROR_KINDS = ("http_4xx", "http_5xx", "connection", "timeout", "stream", "aborted")
 _MAX_ERRORS_KEPT = 10
 _MAX_ERROR_TEXT = 300
@@ -391,6 +393,12 @@ class _Load:
         # As vllm bench: from just before the first send to the return of the last request (or the stop).
         return max(end - self.start, 1e-9)
 
+    def counts(self) -> tuple[int, int, int]:
+        """(completed, failed, output tokens of the completed) so far: read by a progress thread at its own rate,
+        so that nothing is done per request for progress."""
+        done = [record for record in self.records if record is not None]
+        return len(done), self.failed, sum(record.output_tokens or 0 for record in done)
+
     def account_unfinished(self) -> None:
         """Fail every request the deadline or abort (or a client bug) left without an outcome."""
         kind, why = self.stop_reason or ("stream", self.internal_error or "the load client lost this request")
@@ -490,6 +498,10 @@ def run_load(base_url: str, model: str, *, num_prompts: int = 100, concurrency: 
         bodies.append(json.dumps(payload).encode())
     load = _Load(completions_url(base_url), bodies, concurrency, arrival_offsets(num_prompts, request_rate, seed),
                  float(timeout_s), float(request_timeout_s), should_abort)
-    duration = _run_coroutine(load.run)
+    watch = watch_load(load.counts, num_prompts)  # a progress thread when the pytest adapter observes this load
+    try:
+        duration = _run_coroutine(load.run)
+    finally:
+        watch.close()
     load.account_unfinished()
     return _summarize(load, num_prompts, concurrency, request_rate, prompt_len, duration)
