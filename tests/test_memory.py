@@ -235,6 +235,15 @@ def test_the_unversioned_query_falls_back_to_v2_on_an_older_driver() -> None:
     assert probe.read({100}) == (3 * GIB,)
 
 
+def test_an_older_driver_and_two_races_in_one_query_still_read() -> None:
+    # The switch to _v2 must not use up the retries the races get.
+    nvml = FakeNvml([FakeGpu(gpu_uuid(0), compute=[(100, 3 * GIB)])], has_v3=False)
+    nvml.gpus[0].fail_next = [NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_NOT_FOUND]  # after the mismatch: two races
+    probe = NvmlProbe(0, nvml=nvml)
+    assert nvml.gpus[0].fail_next == []
+    assert probe.read({100}) == (3 * GIB,)
+
+
 def test_a_query_failing_with_another_exception_is_a_clear_message() -> None:
     class Broken(FakeNvml):
         def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any) -> list[Any]:

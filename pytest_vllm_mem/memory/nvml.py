@@ -169,7 +169,8 @@ class Nvml:
     def _process_list(self, getter: str, handle: Any, label: str) -> list[Any]:
         what = f"list the {'compute' if 'Compute' in getter else 'graphics'} processes"
         name = self._versioned.get(getter, getter)
-        for attempt in range(1, _RACE_TRIES + 1):
+        races = 0
+        while True:
             function = getattr(self.module, name, None)
             if function is None:
                 raise NvmlError(f"NVML could not {what} of {label}: nvidia-ml-py has no {name}; install a current "
@@ -177,7 +178,8 @@ class Nvml:
             try:
                 return list(function(handle))
             except self._error_type as error:
-                if _code(error) in _RACE_CODES and attempt < _RACE_TRIES:
+                if _code(error) in _RACE_CODES and races < _RACE_TRIES - 1:
+                    races += 1
                     continue
                 if _code(error) == FUNCTION_NOT_FOUND and name == getter:
                     name = self._versioned[getter] = f"{getter}_v2"
@@ -189,7 +191,6 @@ class Nvml:
                 if name != getter:
                     raise NvmlError(f"NVML could not {what} of {label}: {describe(error)}; {_DEFAULT_HINT}.") from None
                 name = self._versioned[getter] = f"{getter}_v2"
-        raise AssertionError("unreachable")  # every path of the last attempt returns or raises
 
     # -- devices --
 
