@@ -138,7 +138,7 @@ def _print(line: str) -> None:
 def run_tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .config import VLLMConfig
     from .server import stop_all_servers
-    from .state import SessionState, missing_model_folder
+    from .session import Session, missing_model_folder
 
     missing = missing_model_folder(args.model)
     if missing:
@@ -149,7 +149,7 @@ def run_tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # CI cancelling the job: stop the server first
     state = None
     try:
-        state = SessionState(build_settings(args))
+        state = Session(build_settings(args))
         result: TuneResult = tune(state, config, low=args.low, high=args.high, resolution=args.resolution,
                                   max_startups=args.max_startups, goal=args.find, load=load, out=_print)
     except (TuneError, UsageError) as error:

@@ -16,18 +16,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-FAILURE_KINDS = (
-    "cuda_oom",
-    "kv_cache_insufficient",
-    "insufficient_free_memory",
-    "weights_too_large",
-    "memory_profiling_error",
-    "external_weights_over_budget",
-    "host_memory",
-    "bad_flag",
-    "timeout",
-    "crash",
-)
+from .kinds import LOG_FAILURE_KINDS, FailureKind
+
+# The kinds a log shows; kinds.FAILURE_KINDS adds those the plugin decides from figures (tier_exceeded, ...).
+FAILURE_KINDS = LOG_FAILURE_KINDS
 
 # Where a start failed, in the order vLLM starts ("device_check": the free-memory check before loading); bad_flag
 # failures are "usage" (how the model was given) or "arguments" (a flag or value).
@@ -284,7 +276,7 @@ class Diagnosis:
     """Why a vLLM server failed: `kind` is one of FAILURE_KINDS, `phase` one of PHASES (or "usage"/"arguments" for
     bad_flag, None when the log does not show it), `figures` the numbers read from the error."""
 
-    kind: str
+    kind: FailureKind
     summary: str
     root_cause: tuple[str, ...] = ()
     figures: dict[str, float] = field(default_factory=dict)

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
 from .config import VLLMConfig
 from .load import LoadResult
 from .measure import load_failure_message, measured_load
+from .progress import (LoadEnded, NotStarted, Observer, Renderer, ServerReused, config_label, observing,
+                       pytest_renderer, send)
 from .results import TestRecord, failure_dict
 from .server import VLLMServer, VLLMStartupError
 from .state import SessionState, state_key
 
 if TYPE_CHECKING:
+    from .preflight import PlannedServer
     from .tune import TuneResult
 
 
@@ -21,19 +26,55 @@ def _state(request: pytest.FixtureRequest) -> SessionState:
     return request.config.stash[state_key]
 
 
-def record_for(request: pytest.FixtureRequest, server_or_error: VLLMServer | VLLMStartupError) -> TestRecord:
+progress_key = pytest.StashKey[Renderer | None]()
+
+
+def _observer(request: pytest.FixtureRequest, server: VLLMServer | None = None) -> Observer | None:
+    """Where this test's startup or load is shown live (--vllm-progress); None when progress is off."""
+    config = request.config
+    if progress_key not in config.stash:  # built at first use: the terminal reporter exists by then
+        settings = _state(request).settings
+        config.stash[progress_key] = (None if settings.vllm_preflight  # plans start nothing: nothing to show
+                                      else pytest_renderer(config, settings.vllm_progress))
+    renderer = config.stash[progress_key]
+    if renderer is None:
+        return None
+    tier = _state(request).tier
+    return Observer(renderer, request.node.nodeid, tier.bytes, tier.name, server)
+
+
+def _start(request: pytest.FixtureRequest, config: VLLMConfig) -> VLLMServer:
+    """state.start(config), its startup shown live; a reused server, or one not started, in one line."""
+    state = _state(request)
+    observer = _observer(request)
+    if observer is None:
+        return state.start(config)
+    with observing(observer):
+        try:
+            server = state.start(config)
+        except VLLMStartupError as error:
+            if observer.startups == 0:  # refused before a launch: bad flag, failed earlier, memory held
+                send(observer, NotStarted(observer.test_id, config_label(config), error.kind, error.diagnosis.summary))
+            raise
+    if observer.startups == 0 and isinstance(server, VLLMServer):
+        send(observer, ServerReused(observer.test_id, config_label(config), server.pid,
+                                    time.monotonic() - server.started_at))
+    return server
+
+
+def record_for(request: pytest.FixtureRequest, server_or_error: VLLMServer | PlannedServer | VLLMStartupError
+               ) -> TestRecord:
     """The test's record, created on first use of a server (or of a failed startup)."""
     state = _state(request)
     nodeid = request.node.nodeid
     if nodeid in state.records:
         return state.records[nodeid]
-    from .preflight import PlannedServer, plan_record
+    from .preflight import plan_record
 
-    is_server = isinstance(server_or_error, (VLLMServer, PlannedServer))
-    config = server_or_error.config if is_server else server_or_error.requested
-    launched = server_or_error.launched if is_server else server_or_error.config
+    # A server and a startup error both know what was asked for (config) and what ran (launched).
+    config, launched = server_or_error.config, server_or_error.launched
     memory = server_or_error.memory
-    server = server_or_error if is_server else server_or_error.server
+    server = server_or_error.server if isinstance(server_or_error, VLLMStartupError) else server_or_error
     record = TestRecord(
         test_id=nodeid, config=str(config), launched=str(launched), tier=state.tier.name,
         server_pid=server.pid if server is not None else None,
@@ -43,10 +84,11 @@ def record_for(request: pytest.FixtureRequest, server_or_error: VLLMServer | VLL
         memory=memory.to_dict() if memory else {},
     )
     record.plan = plan_record(state, launched, record.memory)
-    if is_server:
+    if not isinstance(server_or_error, VLLMStartupError):
         record.notes.extend(server_or_error.notes)
     # Failed startups are plotted too: memory climbing until the OOM is the most telling timeline.
-    record.timeline = None if isinstance(server_or_error, PlannedServer) else {"server": server_or_error}
+    if isinstance(server, VLLMServer):
+        state.servers[nodeid] = server
     state.records[nodeid] = record
     return record
 
@@ -63,13 +105,10 @@ def vllm_start(request: pytest.FixtureRequest) -> Callable[[VLLMConfig], VLLMSer
 
     For tests that assert a config does NOT fit: `with pytest.raises(VLLMStartupError) as e: vllm_start(cfg)`.
     """
-    state = _state(request)
-
     def start(config: VLLMConfig) -> VLLMServer:
         try:
-            server = state.start(config)
+            server = _start(request, config)
         except VLLMStartupError as error:
-            error.requested = config
             record = record_for(request, error)
             record.failure = failure_dict(error.diagnosis, error.advice, error.log_path)
             record.notes.append("startup failure raised to the test (vllm_start)")
@@ -90,7 +129,7 @@ class FailedServer:
     def __init__(self, error: VLLMStartupError) -> None:
         self._error = error
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> NoReturn:
         raise self._error
 
 
@@ -98,11 +137,9 @@ class FailedServer:
 def vllm_server(request: pytest.FixtureRequest, vllm_config: VLLMConfig) -> VLLMServer:
     """A healthy server for vllm_config, reused by later tests with an equal config. A failed startup fails the test
     with its kind, root cause and next step."""
-    state = _state(request)
     try:
-        server = state.start(vllm_config)
+        server = _start(request, vllm_config)
     except VLLMStartupError as error:
-        error.requested = vllm_config
         record_for(request, error).failure = failure_dict(error.diagnosis, error.advice, error.log_path)
         request.node.stash[startup_failure_key] = error
         return FailedServer(error)  # type: ignore[return-value]
@@ -115,7 +152,7 @@ class LoadFailed(AssertionError):
 
 
 @pytest.fixture
-def vllm_load(request: pytest.FixtureRequest, vllm_server: VLLMServer) -> Callable[..., LoadResult]:
+def vllm_load(request: pytest.FixtureRequest, vllm_server: VLLMServer | PlannedServer) -> Callable[..., LoadResult]:
     """load(num_prompts=100, concurrency=16, max_tokens=64, prompt_len=32, ignore_eos=True, request_rate=None,
     repeat=1) -> LoadResult. With repeat=N the load runs N times, all are recorded, and the run with the median
     output throughput is returned. Fails the test when the server dies or logs an out-of-memory error."""
@@ -125,7 +162,8 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: VLLMServer) -> Callab
     if isinstance(vllm_server, PlannedServer):  # --vllm-preflight: planned, not measured; no load runs
         def planned(num_prompts: int = 100, concurrency: int = 16, request_rate: float | None = None,
                     **_: object) -> LoadResult:
-            return planned_load_result(num_prompts, concurrency, request_rate)
+            result: LoadResult = planned_load_result(num_prompts, concurrency, request_rate)
+            return result
 
         return planned
     # pytest-benchmark, when the test asks for its fixture: the first load call becomes its rounds (one per repeat),
@@ -141,16 +179,20 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: VLLMServer) -> Callab
         results: list[LoadResult] = []
 
         def one_run() -> None:
-            result = measured_load(vllm_server, num_prompts=num_prompts, concurrency=concurrency,
-                                   max_tokens=max_tokens, prompt_len=prompt_len, ignore_eos=ignore_eos,
-                                   request_rate=request_rate, timeout_s=timeout_s)
+            observer = _observer(request, vllm_server)
+            with observing(observer):  # a progress thread reads the load's counters while it runs
+                result = measured_load(vllm_server, num_prompts=num_prompts, concurrency=concurrency,
+                                       max_tokens=max_tokens, prompt_len=prompt_len, ignore_eos=ignore_eos,
+                                       request_rate=request_rate, timeout_s=timeout_s)
+            if observer is not None:
+                send(observer, LoadEnded.of(observer.test_id, vllm_server.loads_run, result))
             record.loads.append(result.to_dict())
             if result.failure is not None:
                 record.failure = failure_dict(result.failure, result.advice, vllm_server.log_path)
                 raise LoadFailed(load_failure_message(vllm_server, result))
             results.append(result)
 
-        if benchmark_free[0]:
+        if benchmark_free[0] and benchmark is not None:
             benchmark_free[0] = False  # pytest-benchmark allows one measurement per test
             benchmark.pedantic(one_run, rounds=repeat, iterations=1)
         while len(results) < repeat:  # no benchmark, or it ran fewer rounds (--benchmark-disable runs one)
@@ -172,7 +214,7 @@ def serving_metrics(result: LoadResult) -> dict[str, float]:
 
 
 @pytest.fixture
-def vllm_tune(request: pytest.FixtureRequest) -> Callable[..., "TuneResult"]:
+def vllm_tune(request: pytest.FixtureRequest) -> Callable[..., TuneResult]:
     """tune(config=None, *, low=None, high=None, resolution=0.05, max_startups=6, goal="auto", load=None)
     -> TuneResult: the highest (GPU) or lowest (CPU) gpu_memory_utilization that starts and survives a load on this
     run's tier, by bisection. Each trial starts its own server, so do not combine it with vllm_server in one test."""
@@ -190,7 +232,7 @@ def vllm_tune(request: pytest.FixtureRequest) -> Callable[..., "TuneResult"]:
         with capture.global_and_fixture_disabled():
             terminal.write_line(line)
 
-    def run(config: VLLMConfig | None = None, **options):
+    def run(config: VLLMConfig | None = None, **options: Any) -> TuneResult:
         try:
             return tune(state, config or state.default_config(), out=progress, **options)
         except TuneError as error:

@@ -16,6 +16,7 @@ from .baseline_store import BaselineEntry, BaselineError, BaselineStore, EnvKey,
 from .compare import Judge, compare, format_gate_failure, gate_failures, select_baseline, tolerance_judge
 from .diagnose import Diagnosis
 from .metrics import Tolerance, ToleranceError, parse_tolerance_mapping, parse_tolerance_spec, resolve_tolerances
+from .noise import noise_aware_judge
 from .results import TestRecord, failure_dict
 from .server import VLLMServer
 from .settings import UsageError
@@ -92,17 +93,19 @@ class Gate:
     @classmethod
     def from_config(cls, config: pytest.Config, settings: GateSettings) -> Gate:
         cli, ini = tolerance_layers(config)
-        return cls(settings, cli, ini)
+        # Throughput and latency wobble on shared runners: judged against the noise their runs show (noise.py).
+        return cls(settings, cli, ini, judge=noise_aware_judge)
 
-    def evaluate(self, record: TestRecord, marker: dict[str, Tolerance], *, tier_is_auto: bool) -> str | None:
+    def evaluate(self, record: TestRecord, marker: dict[str, Tolerance], *, tier_is_auto: bool,
+                 server: VLLMServer | None = None) -> str | None:
         """Compare `record` with the tier and the baseline; returns the failure text, or None when the test passes.
-        Fills the record's comparisons and baseline match (also in update mode, for the upgrade report)."""
+        Fills the record's comparisons and baseline match (also in update mode, for the upgrade report). `server`:
+        the test's server, whose launched config and startup figures the advice for a peak over the tier uses."""
         problems = []
         over_tier = tier_problem(record, tier_is_auto)
         if over_tier:
-            server = record.timeline.get("server") if record.timeline else None
             steps = advise(None, server.launched, server.memory, tier_bytes=record.tier_bytes,
-                           peak_bytes=record.largest_gpu_peak_bytes) if isinstance(server, VLLMServer) else []
+                           peak_bytes=record.largest_gpu_peak_bytes) if server is not None else []
             problems.append("\n".join([over_tier, *render_steps(steps)]))
             record.failure = failure_dict(Diagnosis("tier_exceeded", over_tier), steps, None)
         samples = record.metric_samples()
@@ -152,6 +155,7 @@ class Gate:
         return len(entries)
 
 
-def evaluate_record(state: SessionState, record: TestRecord, marker: dict[str, Tolerance]) -> str | None:
+def evaluate_record(state: SessionState, record: TestRecord, marker: dict[str, Tolerance],
+                    server: VLLMServer | None = None) -> str | None:
     """The gate of the session for one record (the hook's entry point)."""
-    return state.gate.evaluate(record, marker, tier_is_auto=state.tier.auto)
+    return state.gate.evaluate(record, marker, tier_is_auto=state.tier.auto, server=server)

@@ -15,11 +15,12 @@ import json
 import random
 import time
 from collections.abc import Callable, Coroutine, Iterator
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import aiohttp
 
+from .diagnose import Diagnosis
 from .progress import watch_load
 
 ERROR_KINDS = ("http_4xx", "http_5xx", "connection", "timeout", "stream", "aborted")
@@ -102,7 +103,7 @@ class LoadResult:
     peak_memory_bytes: int | None = None
     peak_memory_per_gpu: list[int] = field(default_factory=list)  # GPUs only: each GPU's own peak, in server order
     server_alive: bool = True
-    failure: object | None = None  # a diagnose.Diagnosis when the server died or logged a memory error
+    failure: Diagnosis | None = None  # why the server died or what memory error it logged during the load
     advice: list[str] = field(default_factory=list)  # next steps for that failure
 
     @property
@@ -112,14 +113,6 @@ class LoadResult:
                 and self.failure is None)
 
     def to_dict(self) -> dict[str, Any]:
-        failure = self.failure
-        if failure is not None:
-            if hasattr(failure, "to_dict"):
-                failure = failure.to_dict()
-            elif is_dataclass(failure) and not isinstance(failure, type):
-                failure = asdict(failure)
-            else:
-                failure = str(failure)
         return {
             "ok": self.ok,
             "num_prompts": self.num_prompts,
@@ -140,7 +133,7 @@ class LoadResult:
             "peak_memory_bytes": self.peak_memory_bytes,
             "peak_memory_per_gpu": list(self.peak_memory_per_gpu),
             "server_alive": self.server_alive,
-            "failure": failure,
+            "failure": self.failure.to_dict() if self.failure is not None else None,
             "advice": list(self.advice),
         }
 
@@ -189,7 +182,7 @@ def completions_url(base_url: str) -> str:
 class _Request:
     """Timings of one streamed request (seconds, perf_counter clock)."""
 
-    __slots__ = ("ttft", "latency", "itl", "output_tokens", "input_tokens")
+    __slots__ = ("input_tokens", "itl", "latency", "output_tokens", "ttft")
 
     def __init__(self) -> None:
         self.ttft = 0.0
@@ -317,7 +310,7 @@ class _Load:
             self.errors.append(RequestError(index, kind, status, text[:_MAX_ERROR_TEXT]))
 
     async def _worker(self, session: aiohttp.ClientSession, indices: Iterator[int] | None,
-                      queue: asyncio.Queue | None) -> None:
+                      queue: asyncio.Queue[int | None] | None) -> None:
         while True:
             # Without a request rate all workers pull from one iterator: no per-request queue traffic.
             index = next(indices, None) if queue is None else await queue.get()  # type: ignore[arg-type]
@@ -331,7 +324,7 @@ class _Load:
             except Exception as exc:  # every request failure is data, never an exception out of run_load
                 self._fail(index, *_describe(exc))
 
-    async def _dispatch(self, queue: asyncio.Queue, workers: int) -> None:
+    async def _dispatch(self, queue: asyncio.Queue[int | None], workers: int) -> None:
         assert self.offsets is not None
         for index, offset in enumerate(self.offsets):
             delay = self.start + offset - time.perf_counter()
@@ -357,7 +350,7 @@ class _Load:
                                          keepalive_timeout=60, force_close=False)
         session = aiohttp.ClientSession(connector=connector,
                                         timeout=aiohttp.ClientTimeout(total=self.request_timeout_s))
-        tasks: list[asyncio.Task] = []
+        tasks: list[asyncio.Task[None]] = []
         try:
             self.start = time.perf_counter()
             deadline = self.start + self.timeout_s
@@ -365,7 +358,7 @@ class _Load:
                 shared = iter(range(count))
                 tasks = [asyncio.ensure_future(self._worker(session, shared, None)) for _ in range(workers)]
             else:
-                queue: asyncio.Queue = asyncio.Queue()
+                queue: asyncio.Queue[int | None] = asyncio.Queue()
                 tasks = [asyncio.ensure_future(self._worker(session, None, queue)) for _ in range(workers)]
                 tasks.append(asyncio.ensure_future(self._dispatch(queue, workers)))
             pending = set(tasks)
@@ -445,10 +438,10 @@ def _check_inputs(base_url: str, model: str, num_prompts: int, concurrency: int,
         problems.append(f"base_url={base_url!r} must be the server's http(s) address, e.g. 'http://127.0.0.1:8000'")
     if not isinstance(model, str) or not model:
         problems.append(f"model={model!r} must be the served model name (as listed by GET /v1/models)")
-    for name, value, least in (("num_prompts", num_prompts, 1), ("max_tokens", max_tokens, 1),
+    for name, count, least in (("num_prompts", num_prompts, 1), ("max_tokens", max_tokens, 1),
                                ("prompt_len", prompt_len, 1), ("concurrency", concurrency, 0)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            problems.append(f"{name}={value!r} must be an integer >= {least}")
+        if not isinstance(count, int) or isinstance(count, bool) or count < least:
+            problems.append(f"{name}={count!r} must be an integer >= {least}")
     if request_rate is not None and not (isinstance(request_rate, (int, float)) and request_rate > 0):
         problems.append(f"request_rate={request_rate!r} must be a positive number of requests/s, or None (all at once)")
     for name, value in (("timeout_s", timeout_s), ("request_timeout_s", request_timeout_s)):

@@ -3,13 +3,15 @@ out of memory during it. Used by the vllm_load fixture and by the tuner."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from .advice import advise, render_steps
 from .diagnose import Diagnosis, classify_failure, find_memory_error
 from .load import LoadResult, run_load
 from .server import VLLMServer
 
 
-def measured_load(server: VLLMServer, **load_args) -> LoadResult:
+def measured_load(server: VLLMServer, **load_args: Any) -> LoadResult:
     """One load against `server` with the memory sampler marking it; diagnoses a death or OOM during the load."""
     sampler = server.sampler
     log_offset = len(server.log_text())
@@ -41,7 +43,10 @@ def measured_load(server: VLLMServer, **load_args) -> LoadResult:
 
 
 def load_failure_message(server: VLLMServer, result: LoadResult) -> str:
+    """The test failure text of a load that `measured_load` found a failure in (result.failure is set)."""
     failure = result.failure
+    if failure is None:
+        raise ValueError("load_failure_message: the load did not fail (result.failure is None)")
     lines = [f"vLLM failed during the load [{failure.kind}]: {failure.summary}",
              f"completed {result.completed}/{result.num_prompts} requests, {result.failed} failed, "
              f"server {'alive' if result.server_alive else 'dead'}"]

@@ -18,6 +18,7 @@ from .units import GIB
 
 if TYPE_CHECKING:
     from .results import TestRecord
+    from .server import VLLMServer
 
 FIGURE_INCHES = (10.0, 4.5)
 DPI = 100  # 1000 x 450 px: readable in a GitHub markdown summary without zooming
@@ -450,17 +451,16 @@ def _with_duration(event: str, memory: Any) -> str:
     return f"{event} ({wording}{seconds:.1f} s)" if seconds is not None else event
 
 
-def plot_record(record: "TestRecord", plots_dir: Path) -> Path:
-    """Draw the timeline of the server behind `record` (record.timeline["server"]) into `plots_dir`; returns the path.
+def plot_record(record: "TestRecord", server: "VLLMServer | None", plots_dir: Path) -> Path:
+    """Draw the timeline of `server`, the one behind `record` (a running server, or the stopped one of a failed
+    startup), into `plots_dir`; returns the path.
 
-    Raises ImportError with the install command when matplotlib is missing, ValueError when the record has no server.
+    Raises ImportError with the install command when matplotlib is missing, ValueError when there is no server.
     """
     _import_matplotlib()  # fail before any work, with the clear message
-    holder = (record.timeline or {}).get("server")
-    server = getattr(holder, "server", holder)  # a VLLMStartupError carries the server that failed to start
     if server is None or getattr(server, "sampler", None) is None:
         raise ValueError(f"plot_record: the record of {record.test_id} has no server timeline to plot "
-                         "(record.timeline must be {'server': VLLMServer} while the session runs).")
+                         "(pass the VLLMServer it used).")
     samples = server.sampler.samples
     markers = server.sampler.markers
     launch = next((t for label, t in markers if label == "launch"), None)  # the plot's time zero

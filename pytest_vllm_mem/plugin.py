@@ -3,24 +3,32 @@
 from __future__ import annotations
 
 import json
-from typing import Generator
+from collections.abc import Generator
+from typing import Any
 
 import pytest
 
 # The fixtures are found on this plugin module, so they are imported here.
-from .fixtures import (LoadFailed, startup_failure_key, vllm_config, vllm_load, vllm_server,  # noqa: F401
-                       vllm_start, vllm_tune)
-from .interrupts import restore_sigterm, stop_servers_on_sigterm
+from .fixtures import (  # noqa: F401
+    LoadFailed,
+    startup_failure_key,
+    vllm_config,
+    vllm_load,
+    vllm_server,
+    vllm_start,
+    vllm_tune,
+)
 from .gate import Gate, evaluate_record, marker_tolerances
+from .interrupts import restore_sigterm, stop_servers_on_sigterm
 from .ordering import group_by_server_config
+from .preflight import preflight_tier
 from .report import ReportWriter
 from .results import RECORD_PROPERTY, TestRecord
-from .server import ServerLaunchError, VLLMServer, VLLMStartupError, stop_all_servers
+from .server import ServerLaunchError, VLLMStartupError, stop_all_servers
 from .settings import Settings, UsageError, add_options, usage_errors_to_pytest
-from .preflight import preflight_tier
 from .state import SessionState, state_key
-from .workers import WorkerDeviceError, assign_worker_gpus
 from .tiers import TierError, device_skip_reason, parse_tier, tier_skip_reason
+from .workers import WorkerDeviceError, assign_worker_gpus
 
 MARKERS = [
     "vllm_tier(min=None, *, max=None): the GPU memory tier a test needs (e.g. '24gb'); skipped on smaller tiers, "
@@ -84,7 +92,8 @@ def _check_markers_and_order(config: pytest.Config, items: list[pytest.Item]) ->
         # and its load had run, and failed that test with a traceback; now it is a usage error before any server.
         marker_tolerances(item)
     if not config.stash[state_key].settings.vllm_keep_order:
-        items[:] = group_by_server_config(items)
+        # Collected items are pytest.Function, which has the fixturenames ordering reads (pytest.Item does not).
+        items[:] = group_by_server_config(items)  # type: ignore[arg-type,assignment]
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -114,14 +123,15 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     state: SessionState = item.config.stash[state_key]
     record = state.records.get(item.nodeid)
     if record is not None and record.failure is None:
-        problems = evaluate_record(state, record, marker_tolerances(item))
+        problems = evaluate_record(state, record, marker_tolerances(item), state.servers.get(item.nodeid))
         if problems:
             pytest.fail(problems, pytrace=False)
     return result
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     state: SessionState = item.config.stash[state_key]
     # UsageError and ServerLaunchError too: a corrupt baseline file, an interpreter without vLLM
@@ -134,16 +144,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Gener
     record = state.records.get(item.nodeid)
     if record is not None and call.when in ("setup", "call") and (report.failed or call.when == "call"):
         record.passed = report.passed
+    server = state.servers.get(item.nodeid)  # the test's server, or the stopped one of its failed startup
     if record is not None and call.when == "teardown":
-        state.report.finish_record(record)
+        state.report.finish_record(record, server)
+        state.servers.pop(item.nodeid, None)  # the test is over: its server's samples need not be held for it
         item.user_properties.append((RECORD_PROPERTY, json.dumps(record.to_dict())))
         report.user_properties = list(item.user_properties)
-    if record is not None and report.failed and call.when in ("setup", "call"):
-        server = record.timeline.get("server") if record.timeline else None
-        server = getattr(server, "server", server)  # a VLLMStartupError keeps the server it could not start
-        if isinstance(server, VLLMServer):
-            tail = "\n".join(server.log_text().splitlines()[-40:])
-            report.sections.append(("vLLM server log (last 40 lines)", tail))
+    if server is not None and report.failed and call.when in ("setup", "call"):
+        tail = "\n".join(server.log_text().splitlines()[-40:])
+        report.sections.append(("vLLM server log (last 40 lines)", tail))
     return report
 
 
@@ -157,7 +166,7 @@ class RecordCollector:
         if report.when != "teardown":
             return
         for key, value in report.user_properties:
-            if key == RECORD_PROPERTY:
+            if key == RECORD_PROPERTY and isinstance(value, str):
                 self.records.append(TestRecord.from_dict(json.loads(value)))
 
 
@@ -166,15 +175,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if state is None:
         return
     state.close()
-    leaked = stop_all_servers(grace_s=5.0)
-    state.leaked = leaked
+    state.leaked = stop_all_servers(grace_s=5.0)
+    state.report.errors.extend(state.unwarned)  # a skipped flag pre-check under -W error: said in the summary
     if not hasattr(session.config, "workerinput"):  # the controller (or a run without xdist) writes the reports
         state.report.write_all(state.collector.records)
         if state.report.failed and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a results or baseline file was not written
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     state: SessionState | None = config.stash.get(state_key, None)
     if state is not None and not hasattr(config, "workerinput"):
         state.report.terminal_summary(terminalreporter, state.collector.records)

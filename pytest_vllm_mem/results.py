@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
+from .kinds import FailureKind
 from .metrics import record_samples
 
 if TYPE_CHECKING:
     from .diagnose import Diagnosis
+    from .server import StartupRecord
 
 RECORD_PROPERTY = "vllm_mem_record"  # key in item.user_properties: survives pytest-xdist report serialization
+
+
+class FailureRecord(TypedDict):
+    """Why the test's server failed, as the record and the results JSON keep it (failure_dict)."""
+
+    kind: FailureKind
+    summary: str
+    root_cause: list[str]
+    advice: list[str]
+    log: str | None  # the server log, None when no server was launched
 
 
 @dataclass
@@ -28,10 +41,10 @@ class TestRecord:
     backend: str
     vllm_version: str | None
     server_pid: int | None = None  # the server this test used (None when none was launched, e.g. a bad flag)
-    startup: dict[str, Any] = field(default_factory=dict)  # StartupOutcome.to_dict()
+    startup: StartupRecord | dict[str, Any] = field(default_factory=dict)  # StartupOutcome.to_dict(); {}: none
     memory: dict[str, Any] = field(default_factory=dict)  # StartupMemory.to_dict()
     loads: list[dict[str, Any]] = field(default_factory=list)  # LoadResult.to_dict() per load
-    failure: dict[str, Any] | None = None  # {"kind", "summary", "root_cause", "advice"}
+    failure: FailureRecord | None = None
     notes: list[str] = field(default_factory=list)  # emulation, overrides, leftover memory
     comparisons: list[dict[str, Any]] = field(default_factory=list)  # compare.Comparison.to_dict() per metric
     baseline: dict[str, Any] | None = None  # compare.BaselineMatch.to_dict(): the entry compared with
@@ -39,13 +52,13 @@ class TestRecord:
     baseline_status: str = "none"  # "none" (gate off), "missing", "compared", "updated"
     plot: str | None = None
     plan: dict[str, Any] | None = None  # plan.Plan.to_dict() of the launched config (preflight.py), or {"error": why}
-    timeline: dict[str, Any] | None = None  # samples and markers, for plots (not written to results JSON)
+    # Plain data only (written to JSON, sent by pytest-xdist): the live server stays on the session state.
 
     @property
     def outcome(self) -> str:
         """The server's story in one word: a failure kind, "regressed", "failed" (the test's own assertion), "ok"."""
         if self.failure:
-            return str(self.failure["kind"])
+            return self.failure["kind"]
         if self.baseline_status == "compared" and any(c["status"] == "regressed" for c in self.comparisons):
             return "regressed"
         if self.passed is False:
@@ -90,19 +103,19 @@ class TestRecord:
         return old if old and old != self.vllm_version else None
 
     def to_dict(self) -> dict[str, Any]:
-        data = {k: v for k, v in self.__dict__.items() if k != "timeline"}
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["outcome"] = self.outcome
         data["peak_memory_bytes"] = self.peak_memory_bytes
         data["metrics"] = self.metrics()
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TestRecord":
+    def from_dict(cls, data: dict[str, Any]) -> TestRecord:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)
 
 
-def failure_dict(diagnosis: "Diagnosis", advice: list[str], log_path: Path | None) -> dict[str, Any]:
+def failure_dict(diagnosis: Diagnosis, advice: list[str], log_path: Path | None) -> FailureRecord:
     """A failure as the record (and the results JSON) keeps it."""
     return {"kind": diagnosis.kind, "summary": diagnosis.summary, "root_cause": list(diagnosis.root_cause),
             "advice": list(advice), "log": str(log_path) if log_path else None}

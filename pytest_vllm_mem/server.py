@@ -124,7 +124,7 @@ class VLLMServer:
     launched: VLLMConfig
     device: DeviceInfo
     port: int
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     log_path: Path
     sampler: MemorySampler
     started_at: float
@@ -149,7 +149,7 @@ class VLLMServer:
         """The name the OpenAI API serves the model under (first --served-model-name, else the model)."""
         served = self.launched.flag("served_model_name")
         if isinstance(served, tuple):
-            return served[0]
+            return str(served[0])
         return str(served) if served else self.launched.model
 
     def alive(self) -> bool:
@@ -299,7 +299,8 @@ def stop_all_servers(grace_s: float = 5.0) -> list[int]:
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def server_env(config: VLLMConfig, settings: LaunchSettings) -> dict[str, str]:
@@ -357,7 +358,8 @@ def launch(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSettings, p
         except VLLMStartupError as error:
             if attempt == PORT_ATTEMPTS or not _port_was_taken(error):
                 raise
-            taken.append(f"port {error.server.port} was taken before vLLM bound it (log {error.log_path}): "
+            port = error.server.port if error.server is not None else "?"
+            taken.append(f"port {port} was taken before vLLM bound it (log {error.log_path}): "
                          "started again on a fresh port")
             continue
         server.notes.extend(taken)

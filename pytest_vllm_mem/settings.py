@@ -21,9 +21,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import pytest
+if TYPE_CHECKING:  # pytest only in annotations: the tune command and the core use Settings without pytest
+    import pytest
 
 Kind = Literal["str", "bool", "float", "int", "path"]
 
@@ -99,6 +100,9 @@ class Settings:
     vllm_preflight: bool = option(
         "plan every config on its tier without starting servers: configs predicted to fit pass unmeasured "
         "(reported as planned), others fail with the predicted kind and the plan's figures", "bool", False)
+    vllm_progress: str = option(
+        "live progress of each server startup and load: auto (one updating status line on a terminal, plain lines "
+        "in CI logs), line, plain or off; -q shows outcomes only, -v every phase", default="auto")
 
     @classmethod
     def from_pytest(cls, config: pytest.Config) -> Settings:
@@ -224,6 +228,8 @@ def add_options(parser: pytest.Parser) -> None:
 def usage_errors_to_pytest() -> Iterator[None]:
     """Around a hook's body: the plugin's UsageError becomes pytest's, which pytest shows as one paragraph (exit
     code 4) instead of an internal error with a traceback."""
+    import pytest
+
     try:
         yield
     except UsageError as error:

@@ -1,6 +1,6 @@
 """The tuner: the highest (or lowest) gpu_memory_utilization that starts and survives a concurrent load on a tier.
 
-Each trial is one fresh server (through SessionState, so tier emulation and flag checks apply), one short measured
+Each trial is one fresh server (through the Session, so tier emulation and flag checks apply), one short measured
 load, a peak check against the tier, and a stop. Trials are expensive (a startup can take a minute), so the search
 is a bisection over a grid of `resolution` steps with a hard cap on startups.
 
@@ -16,15 +16,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from .config import VLLMConfig
 from .flagcheck import flag_problems
+from .kinds import FailureKind, is_failure_kind
 from .measure import measured_load
 from .server import VLLMStartupError
-from .state import SessionState
+from .session import Session
 from .tiers import Tier
-from .units import format_bytes
+from .units import GIB, format_bytes
 
 UTILIZATION_FLAG = "gpu_memory_utilization"
 
@@ -32,10 +33,12 @@ UTILIZATION_FLAG = "gpu_memory_utilization"
 TOO_HIGH = "too_high"  # more memory than the tier (or the host) has: lower the utilization
 TOO_LOW = "too_low"  # too little budget for the KV cache: raise the utilization
 NOT_MEMORY = "not_memory"  # no utilization fixes it (bad flag, weights larger than the device, a crash at startup)
-OK = "ok"
+OK: Literal["ok"] = "ok"
+# A trial's outcome: it worked, or the kind of failure it ended with.
+Outcome = FailureKind | Literal["ok"]
 
-_TOO_HIGH_KINDS = frozenset({"cuda_oom", "insufficient_free_memory", "tier_exceeded"})
-_TOO_LOW_KINDS = frozenset({"kv_cache_insufficient"})
+_TOO_HIGH_KINDS: frozenset[FailureKind] = frozenset({"cuda_oom", "insufficient_free_memory", "tier_exceeded"})
+_TOO_LOW_KINDS: frozenset[FailureKind] = frozenset({"kv_cache_insufficient"})
 
 GOALS = ("auto", "highest", "lowest")
 # GPU: the question is how much of the card a server may take before it runs out of memory under load.
@@ -67,7 +70,7 @@ class Trial:
     """One startup at one utilization: `outcome` is "ok" or a failure kind, `side` where that puts the value."""
 
     utilization: float
-    outcome: str
+    outcome: Outcome
     side: str
     summary: str = ""
     peak_memory_bytes: int | None = None
@@ -92,7 +95,7 @@ class Trial:
 
 
 def failure_side(kind: str, figures: dict[str, float] | None = None, *, during_load: bool = False) -> str:
-    """TOO_HIGH, TOO_LOW or NOT_MEMORY for a failure kind (diagnose.FAILURE_KINDS, plus tier_exceeded/load_errors).
+    """TOO_HIGH, TOO_LOW or NOT_MEMORY for a failure kind (kinds.FAILURE_KINDS; a plan verdict is one too).
 
     host_memory is both: on the CPU backend a negative KV share ("requested memory for kv (-0.62/0.21 GiB)") means
     the utilization left nothing after the worker's own memory (too low); any other host-RAM failure means the
@@ -126,7 +129,7 @@ def candidate_values(low: float, high: float, resolution: float) -> list[float]:
             break
         values.append(value)
         step += 1
-    return values + [round(high, 6)]
+    return [*values, round(high, 6)]
 
 
 def check_range(low: float, high: float, resolution: float, max_startups: int = 1) -> None:
@@ -247,7 +250,7 @@ def _verdict(goal: str, order: list[float], trials: list[Trial], best: Trial | N
         if first_failing is None and lo == len(order) - 1:
             return (f"the {far} of the range ({_fmt(best.utilization)}) works: the boundary lies beyond it; "
                     f"{direction} {flag} to look further.")
-        if converged:
+        if converged and first_failing is not None:
             margin = "" if goal == "highest" else " It is the smallest budget that works: leave a margin above it."
             return (f"{word} working gpu_memory_utilization: {_fmt(best.utilization)}; "
                     f"{_fmt(first_failing.utilization)} fails with {first_failing.outcome}.{margin}")
@@ -269,7 +272,7 @@ def _verdict(goal: str, order: list[float], trials: list[Trial], best: Trial | N
 # Real trials: a fresh vLLM server per value, through the session state.
 
 
-def run_trial(state: SessionState, config: VLLMConfig, utilization: float, load: LoadSpec, tier: Tier,
+def run_trial(state: Session, config: VLLMConfig, utilization: float, load: LoadSpec, tier: Tier,
               out: Callable[[str], None] = print) -> Trial:
     """Start `config` at `utilization` (in terms of the tier), run `load`, check the peak, stop the server."""
     trial_config = config.with_flags(**{UTILIZATION_FLAG: utilization})
@@ -316,7 +319,7 @@ def run_trial(state: SessionState, config: VLLMConfig, utilization: float, load:
         state.pool.release_all()
 
 
-def planned_trial(state: SessionState, config: VLLMConfig, utilization: float) -> Trial | None:
+def planned_trial(state: Session, config: VLLMConfig, utilization: float) -> Trial | None:
     """A trial the plan decides without a startup: predicted not to fit at both ends of its estimate range (a
     calibration from an earlier startup of the same model narrows that range to the KV arithmetic). None: run it."""
     from .preflight import session_plan
@@ -326,9 +329,9 @@ def planned_trial(state: SessionState, config: VLLMConfig, utilization: float) -
     trial_config = config.with_flags(**{UTILIZATION_FLAG: utilization})
     launched, _, _ = state.launched_config(trial_config)
     result = session_plan(state, trial_config, launched)
-    if result is None or result.fits or not result.sure:
+    if result is None or result.fits or not result.sure or not is_failure_kind(result.verdict):
         return None
-    side = failure_side(result.verdict, {"kv_requested_gib": result.kv_bytes.value / 2**30})
+    side = failure_side(result.verdict, {"kv_requested_gib": result.kv_bytes.value / GIB})
     return Trial(utilization, result.verdict, side, summary=f"planned, no startup: {result.summary}",
                  kv_cache_tokens=result.kv_tokens.value, phase="planned")
 
@@ -395,7 +398,7 @@ class TuneResult:
             headroom = ""
             if best.peak_memory_bytes:
                 headroom = (f"  (headroom: peak {format_bytes(best.peak_memory_bytes)} of the {self.tier} tier = "
-                            f"{format_bytes(self.headroom_bytes)} free)")
+                            f"{format_bytes(self.tier.bytes - best.peak_memory_bytes)} free)")
             lines.append(f"recommended: {self.recommended_config}{headroom}")
         lines.append(f"{len(search.trials)} startups in {self.duration_s:.0f} s")
         return lines
@@ -420,7 +423,7 @@ def resolve_goal(goal: str, backend: str) -> str:
     return "lowest" if backend == "cpu" else "highest"
 
 
-def tune(state: SessionState, config: VLLMConfig, *, low: float | None = None, high: float | None = None,
+def tune(state: Session, config: VLLMConfig, *, low: float | None = None, high: float | None = None,
          resolution: float = DEFAULT_RESOLUTION, max_startups: int = DEFAULT_MAX_STARTUPS, goal: str = "auto",
          load: LoadSpec | None = None, out: Callable[[str], None] = print) -> TuneResult:
     """Search `config` over gpu_memory_utilization on the session's tier (state.tier; --vllm-gpu / --tier).

@@ -295,6 +295,20 @@ def test_result_to_dict_is_json_and_ok_follows_server_alive(fake):
     data = json.loads(json.dumps(result.to_dict()))
     assert data["ok"] is False and data["peak_memory_bytes"] == 123 and data["ttft_ms"]["p50"] >= 0
     assert set(data["e2el_ms"]) == {"mean", "p50", "p90", "p99"}
+    assert data["failure"] is None
+
+
+def test_a_load_failure_is_a_diagnosis_in_the_json(fake):
+    from pytest_vllm_mem.diagnose import Diagnosis
+
+    result = run_load(fake.url("ok", 0, 0), "m", num_prompts=2, concurrency=2, max_tokens=2)
+    result.failure = Diagnosis("cuda_oom", "out of memory during the load", ("torch.OutOfMemoryError",),
+                               {"tried_gib": 1.5}, "serving")
+    data = json.loads(json.dumps(result.to_dict()))
+    assert not result.ok and data["ok"] is False
+    assert data["failure"] == {"kind": "cuda_oom", "summary": "out of memory during the load",
+                               "root_cause": ["torch.OutOfMemoryError"], "figures": {"tried_gib": 1.5},
+                               "phase": "serving"}
 
 
 @pytest.mark.parametrize("kwargs, fragment", [

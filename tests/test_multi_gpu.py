@@ -10,13 +10,14 @@ import pytest
 
 from fake_nvml import FakeGpu, FakeMig, FakeNvml, gpu_uuid, gpus, mig_uuid
 from pytest_vllm_mem import VLLMConfig, VLLMStartupError
-from pytest_vllm_mem import state as state_module
+from pytest_vllm_mem import session as state_module
 from pytest_vllm_mem.gate import tier_problem
 from pytest_vllm_mem.memory import detect_devices, make_probe
 from pytest_vllm_mem.results import TestRecord
 from pytest_vllm_mem.server import LaunchSettings
 from pytest_vllm_mem.settings import Settings, UsageError
-from pytest_vllm_mem.state import ServerPool, SessionState
+from pytest_vllm_mem.session import ServerPool
+from pytest_vllm_mem.state import SessionState
 from pytest_vllm_mem.units import GIB
 
 

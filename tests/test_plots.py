@@ -167,8 +167,8 @@ def fake_server(pid: int = 4242, config: VLLMConfig | None = None, *, log: str =
                            sampler=SimpleNamespace(samples=samples, markers=markers), log_text=lambda: log)
 
 
-def fake_record(server: object, **changes) -> SimpleNamespace:
-    record = SimpleNamespace(test_id="tests/test_a.py::test_x[A]", timeline={"server": server}, tier="24gb",
+def fake_record(**changes) -> SimpleNamespace:
+    record = SimpleNamespace(test_id="tests/test_a.py::test_x[A]", tier="24gb",
                              tier_bytes=24 * 10**9, device="NVIDIA L4", backend="cuda", failure=None)
     for name, value in changes.items():
         setattr(record, name, value)
@@ -177,24 +177,25 @@ def fake_record(server: object, **changes) -> SimpleNamespace:
 
 def test_plot_record_names_the_file_by_server_and_config(tmp_path: Path) -> None:
     server = fake_server(memory=StartupMemory(weights_gib=1.0, kv_cache_gib=4.0))
-    path = plot_record(fake_record(server), tmp_path / "plots")
+    path = plot_record(fake_record(), server, tmp_path / "plots")
     assert path == tmp_path / "plots" / "4242-Model-7B-gpu-memory-utilization=0.5_max-model-len=1024.png"
     assert png_size(path) == (1000, 450)
 
 
 def test_tests_sharing_a_server_share_one_file(tmp_path: Path) -> None:
     server = fake_server()
-    first = plot_record(fake_record(server, test_id="t::a"), tmp_path)
-    second = plot_record(fake_record(server, test_id="t::b"), tmp_path)
-    other = plot_record(fake_record(fake_server(pid=99)), tmp_path)
+    first = plot_record(fake_record(test_id="t::a"), server, tmp_path)
+    second = plot_record(fake_record(test_id="t::b"), server, tmp_path)
+    other = plot_record(fake_record(), fake_server(pid=99), tmp_path)
     assert first == second != other
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted({first.name, other.name})
 
 
 def test_plot_record_cpu_failed_and_startup_error(tmp_path: Path) -> None:
     server = fake_server(config=VLLMConfig("tiny"))
-    error = SimpleNamespace(server=server)  # a VLLMStartupError keeps the server that failed to start
-    path = plot_record(fake_record(error, backend="cpu", tier_bytes=0, failure={"kind": "host_memory"}), tmp_path)
+    # A failed startup: the stopped server, its record failed.
+    path = plot_record(fake_record(backend="cpu", tier_bytes=0, failure={"kind": "host_memory"}), server,
+                       tmp_path)
     assert path.name == "4242-tiny-defaults.png" and png_size(path) == (1000, 450)
 
 
@@ -205,7 +206,8 @@ def test_plot_record_places_log_steps_with_their_durations(tmp_path: Path, monke
     launch_wall = time.time() - (time.monotonic() - T0)
     stamp = time.strftime("%m-%d %H:%M:%S", time.localtime(launch_wall + 12))
     log = f"(EngineCore pid=2) INFO {stamp} [core.py:402] init engine (profile, create kv cache, warmup model) took 7 s"
-    plot_record(fake_record(fake_server(log=log, memory=StartupMemory(engine_init_s=7.5))), tmp_path)
+    server = fake_server(log=log, memory=StartupMemory(engine_init_s=7.5))
+    plot_record(fake_record(), server, tmp_path)
     ((label, x),) = seen["phases"].items()
     assert label == "engine ready (init 7.5 s)"
     assert 11.0 <= x <= 13.5
@@ -213,7 +215,7 @@ def test_plot_record_places_log_steps_with_their_durations(tmp_path: Path, monke
 
 def test_plot_record_without_server_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no server timeline"):
-        plot_record(fake_record(None, timeline=None), tmp_path)
+        plot_record(fake_record(), None, tmp_path)
 
 
 def test_missing_matplotlib_raises_import_error_with_the_install_command(
@@ -222,7 +224,7 @@ def test_missing_matplotlib_raises_import_error_with_the_install_command(
 
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import of a None entry raises ImportError
     with pytest.raises(ImportError, match=r"pip install 'pytest-vllm-mem\[plots\]'"):
-        plot_record(fake_record(fake_server()), tmp_path)
+        plot_record(fake_record(), fake_server(), tmp_path)
     assert not list(tmp_path.iterdir())
 
 

@@ -26,7 +26,7 @@ from pytest_vllm_mem import server as server_module
 from pytest_vllm_mem.measure import measured_load
 from pytest_vllm_mem.memory import detect_device, make_probe
 from pytest_vllm_mem.server import LaunchSettings, free_port, launch, stop_all_servers
-from pytest_vllm_mem.state import ServerPool
+from pytest_vllm_mem.session import ServerPool
 from stubs.helpers import (FAKE_PYTHON, STUB_ENV, Figures, kill_quietly, popen_pytest, running, stub_args,
                            tree_pids, wait_gone)
 

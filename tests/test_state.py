@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_vllm_mem import VLLMConfig, VLLMStartupError, state as state_module
+from pytest_vllm_mem import VLLMConfig, VLLMStartupError
+from pytest_vllm_mem import session as state_module
 from pytest_vllm_mem.memory import DeviceInfo
 from pytest_vllm_mem.server import LaunchSettings
-from pytest_vllm_mem.state import ServerPool
+from pytest_vllm_mem.session import ServerPool
 
 GIB = 2**30
 
@@ -46,3 +47,29 @@ def test_memory_held_by_another_process_fails_before_launch(monkeypatch: pytest.
     assert "20.00 GiB free, the server needs 72.00 GiB" in message
     assert "next step:" in message
     assert launched == []  # vLLM was never started into a device it could not have
+
+
+def test_a_startup_error_keeps_the_requested_and_the_launched_config(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
+    # As on VLLMServer: .config is what the test asked for, .launched what would have run (tier emulation).
+    monkeypatch.setattr(state_module, "FREE_MEMORY_WAIT_S", 0.2)
+    pool = ServerPool(LaunchSettings(log_dir=tmp_path), HeldDeviceProbe())
+    requested = VLLMConfig("m")
+    launched = VLLMConfig("m", gpu_memory_utilization=0.9)
+    with pytest.raises(VLLMStartupError) as error:
+        pool.acquire(requested, launched, {"requested_bytes": int(0.9 * 80 * GIB)})
+    assert error.value.config == requested and error.value.launched == launched
+    assert "command: vllm serve m --gpu-memory-utilization 0.9" in str(error.value)  # the command that ran
+
+
+def test_session_state_declares_its_attributes_and_knows_nothing_before_a_server(tmp_path: Path) -> None:
+    from pytest_vllm_mem.settings import Settings
+    from pytest_vllm_mem.state import SessionState
+
+    state = SessionState(Settings.from_values({"vllm_model_override": "other/model"}, tmp_path))
+    # Set by pytest_configure, declared on the class (type checkers see them; nothing attaches attributes from outside).
+    assert {"gate", "report", "collector"} <= set(SessionState.__annotations__)
+    assert state.records == {} and state.servers == {} and state.leaked == [] and state.unwarned == []
+    # What the report reads: public, and None until a test needed the device or vLLM's flag table.
+    assert state.known_device is None and state.known_vllm_version is None
+    assert state.default_config() == VLLMConfig("tiny")

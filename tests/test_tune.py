@@ -367,7 +367,7 @@ def test_ctrl_c_stops_the_session_and_exits_130(monkeypatch: pytest.MonkeyPatch,
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "tune", interrupted)
-    monkeypatch.setattr("pytest_vllm_mem.state.SessionState.close", lambda self: closed.append(True))
+    monkeypatch.setattr("pytest_vllm_mem.session.Session.close", lambda self: closed.append(True))
     code = cli.main(["tune", "--model", "tiny", "--cache-dir", str(tmp_path)])
     assert code == 130 and closed == [True]
     assert "interrupted" in capsys.readouterr().err
