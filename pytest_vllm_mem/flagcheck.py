@@ -140,10 +140,10 @@ def vllm_package_dir(python: str) -> Path | None:
             return None
         return Path(spec.origin).parent if spec and spec.origin else None
     prefix = Path(python).parent.parent  # not resolved: a venv's python is a link to the base interpreter
-    for lib in ("lib", "lib64"):
-        for init in sorted(prefix.glob(f"{lib}/python3*/site-packages/vllm/__init__.py")):
+    for pattern in ("lib*/python3*/site-packages", "lib/python3*/dist-packages", "lib/python3/dist-packages"):
+        for init in sorted(prefix.glob(f"{pattern}/vllm/__init__.py")):
             return init.parent
-    return None
+    return None  # the fingerprint then falls back to the interpreter's own path and time stamp
 
 
 def package_version(package: Path | None) -> str | None:
