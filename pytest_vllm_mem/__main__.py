@@ -174,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    return args.run(args, args.command_parser)
+    code: int = args.run(args, args.command_parser)
+    return code
 
 
 if __name__ == "__main__":

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Lint, format check and strict type check of the package, with the .venv's tools (the `lint` extra:
+# pip install -e '.[lint]'). Settings live in pyproject.toml ([tool.ruff], [tool.mypy]). Runs every check, then
+# exits non-zero if any failed, so one run shows every problem. Fix formatting with `ruff format`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-.venv/bin/python}"
+failed=0
+run() {
+    echo "+ $*"
+    "$@" || failed=1
+}
+run "$PYTHON" -m ruff check .
+run "$PYTHON" -m ruff format --check .
+run "$PYTHON" -m mypy  # files = pytest_vllm_mem, strict ([tool.mypy])
+exit "$failed"
