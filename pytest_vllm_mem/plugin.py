@@ -22,6 +22,7 @@ from .gate import Gate, evaluate_record, marker_tolerances
 from .interrupts import restore_sigterm, stop_servers_on_sigterm
 from .ordering import group_by_server_config
 from .preflight import preflight_tier
+from .progress import choose_mode
 from .report import ReportWriter
 from .results import RECORD_PROPERTY, TestRecord
 from .server import ServerLaunchError, VLLMStartupError, stop_all_servers
@@ -51,6 +52,7 @@ def _configure(config: pytest.Config) -> None:
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
     settings = Settings.from_pytest(config)
+    choose_mode(settings.vllm_progress, isatty=False, worker=False)  # a bad --vllm-progress: usage error now
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: its own GPUs before any server starts
         try:
             assign_worker_gpus(config.workerinput["workerid"], settings.vllm_gpus_per_worker)
