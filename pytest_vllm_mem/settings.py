@@ -103,9 +103,6 @@ class Settings:
     vllm_progress: str = option(
         "live progress of each server startup and load: auto (one updating status line on a terminal, plain lines "
         "in CI logs), line, plain or off; -q shows outcomes only, -v every phase", default="auto")
-    vllm_progress: str = option(
-        "live progress of each server startup and load: auto (one updating status line on a terminal, plain lines "
-        "in CI logs), line, plain or off; -q shows outcomes only, -v every phase", default="auto")
 
     @classmethod
     def from_pytest(cls, config: pytest.Config) -> Settings:
