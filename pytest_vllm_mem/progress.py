@@ -39,7 +39,9 @@ from .diagnose import (
 from .units import format_bytes
 
 if TYPE_CHECKING:
+    from .config import VLLMConfig
     from .diagnose import StartupMemory
+    from .load import LoadResult
     from .server import StartupOutcome, VLLMServer
 
 MODES = ("auto", "line", "plain", "off")
@@ -169,6 +171,12 @@ class LoadEnded:
     peak_bytes: int
     ok: bool
 
+    @classmethod
+    def of(cls, test_id: str, number: int, result: LoadResult) -> LoadEnded:
+        """From the measured result: the figures the results JSON keeps."""
+        return cls(test_id, number, result.completed, result.failed, result.num_prompts, result.duration_s,
+                   result.output_throughput, result.peak_memory_bytes or 0, result.ok)
+
 
 Event = (StartupBegan | PhaseSeen | StartupTick | StartupEnded | ServerReused | NotStarted | LoadTick | LoadStopped
          | LoadEnded)
@@ -193,7 +201,8 @@ _ACTIVE: ContextVar[Observer | None] = ContextVar("pytest_vllm_mem_progress", de
 
 
 @contextmanager
-def observing(observer: Observer) -> Iterator[Observer]:
+def observing(observer: Observer | None) -> Iterator[Observer | None]:
+    """Startups and loads run inside the block are shown through `observer` (None: not shown)."""
     token = _ACTIVE.set(observer)
     try:
         yield observer
@@ -201,11 +210,12 @@ def observing(observer: Observer) -> Iterator[Observer]:
         _ACTIVE.reset(token)
 
 
-def active() -> Observer | None:
-    return _ACTIVE.get()
+def config_label(config: VLLMConfig) -> str:
+    """The model's name and the config's distinguishing flags: `tiny gpu-memory-utilization=0.1 max-model-len=1024`."""
+    return f"{Path(config.model).name} {config.short_id()}"
 
 
-def _safe_emit(observer: Observer, event: Event) -> None:
+def send(observer: Observer, event: Event) -> None:
     try:
         observer.emit(event)
     except (OSError, ValueError):  # progress must never fail a startup or a load (a broken pipe, a closed file)
@@ -325,9 +335,7 @@ class StartupWatch:
         self._peak_since = server.started_at
         self._next_tick = server.started_at + observer.tick_s
         observer.startups += 1
-        config = server.config
-        _safe_emit(observer, StartupBegan(observer.test_id, f"{Path(config.model).name} {config.short_id()}",
-                                          str(server.log_path), time.time()))
+        send(observer, StartupBegan(observer.test_id, config_label(server.config), str(server.log_path), time.time()))
 
     def _read(self) -> None:
         lines = self.tail.new_lines()
@@ -337,7 +345,7 @@ class StartupWatch:
         for line in lines:
             phase = self.reader.feed(line)
             if phase is not None:
-                _safe_emit(self.observer, PhaseSeen(self.observer.test_id, phase, elapsed,
+                send(self.observer, PhaseSeen(self.observer.test_id, phase, elapsed,
                                                     self.reader.take_new_figures()))
 
     def _running_peak(self) -> int:
@@ -352,7 +360,7 @@ class StartupWatch:
         if now >= self._next_tick:
             self._next_tick = now + self.observer.tick_s
             obs = self.observer
-            _safe_emit(obs, StartupTick(obs.test_id, self.reader.phase, now - self.server.started_at,
+            send(obs, StartupTick(obs.test_id, self.reader.phase, now - self.server.started_at,
                                         self._running_peak(), obs.tier_bytes, obs.tier_name))
 
     def finish(self, outcome: StartupOutcome | None, memory: StartupMemory | None = None) -> None:
@@ -367,7 +375,7 @@ class StartupWatch:
         else:
             ended = StartupEnded(obs.test_id, outcome.ok, outcome.kind, outcome.duration_s,
                                  outcome.peak_memory_bytes, obs.tier_bytes, obs.tier_name, self.reader.phase, figures)
-        _safe_emit(obs, ended)
+        send(obs, ended)
 
 
 def watch_startup(server: VLLMServer) -> Watch:
@@ -413,7 +421,7 @@ class LoadWatch:
             self._peak = max(self._peak, server.sampler.peak_between(self._peak_since))
             self._peak_since = now
         obs = self.observer
-        _safe_emit(obs, LoadTick(obs.test_id, self.number, done, failed, self.total, rate, self._peak,
+        send(obs, LoadTick(obs.test_id, self.number, done, failed, self.total, rate, self._peak,
                                  now - self.started))
 
     def _run(self) -> None:
@@ -423,7 +431,7 @@ class LoadWatch:
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
-        _safe_emit(self.observer, LoadStopped(self.observer.test_id))
+        send(self.observer, LoadStopped(self.observer.test_id))
 
 
 class _NoLoadWatch:
@@ -632,3 +640,18 @@ def choose_mode(setting: str, isatty: bool, *, worker: bool) -> Mode | None:
     if setting == "auto":
         return "line" if isatty else "plain"
     return setting  # type: ignore[return-value]
+
+
+def pytest_renderer(config: Any, setting: str) -> Renderer | None:
+    """The renderer for a pytest session (`config`: pytest.Config), or None when progress is off: --vllm-progress=off,
+    an xdist worker, no terminal reporter (-p no:terminal). Built at first use: pytest's terminal reporter is
+    registered after this plugin's pytest_configure has run."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return None
+    mode = choose_mode(setting, bool(reporter.isatty()), worker=hasattr(config, "workerinput"))
+    if mode is None:
+        return None
+    terminal = PytestTerminal(reporter, config.pluginmanager.get_plugin("capturemanager"),
+                              config.get_terminal_writer().fullwidth)
+    return Renderer(terminal, mode, int(config.get_verbosity()))
