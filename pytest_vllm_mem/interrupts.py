@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, NoReturn
 
 import psutil
 import pytest
 
 from .server import stop_all_servers
 
-_sigterm_key = pytest.StashKey[tuple]()
+# (our handler, the one it replaced), for restore_sigterm
+_sigterm_key = pytest.StashKey[tuple[Callable[[int, FrameType | None], NoReturn], Any]]()
 
 
 def stop_servers_on_sigterm(config: pytest.Config) -> None:
     """Stop every server (and, under xdist, tell the workers to) before pytest unwinds on SIGTERM."""
     previous = signal.getsignal(signal.SIGTERM)
 
-    def handler(signum, frame):  # pragma: no cover - exercised by the reliability tests in a subprocess
+    # Exercised by the reliability tests in a subprocess, which coverage does not see.
+    def handler(signum: int, frame: FrameType | None) -> NoReturn:  # pragma: no cover
         _forward_to_xdist_workers(config, signum)
         stop_all_servers(grace_s=5.0)
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)

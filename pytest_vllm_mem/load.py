@@ -16,14 +16,16 @@ import random
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import aiohttp
 
 from .diagnose import Diagnosis
 from .progress import watch_load
 
-ERROR_KINDS = ("http_4xx", "http_5xx", "connection", "timeout", "stream", "aborted")
+# Why one request failed (a request failure is data in LoadResult.errors, never a failure kind of the server).
+RequestErrorKind = Literal["http_4xx", "http_5xx", "connection", "timeout", "stream", "aborted"]
+ERROR_KINDS: tuple[RequestErrorKind, ...] = get_args(RequestErrorKind)
 _MAX_ERRORS_KEPT = 10
 _MAX_ERROR_TEXT = 300
 _ABORT_POLL_S = 0.2
@@ -73,7 +75,7 @@ class RequestError:
     """One failed request: `kind` is one of ERROR_KINDS, `status` the HTTP status when there was one."""
 
     index: int
-    kind: str
+    kind: RequestErrorKind
     status: int | None
     text: str
 
@@ -195,7 +197,7 @@ class _Request:
 class _StreamError(Exception):
     """The response was not a usable token stream (carries the kind and status of the RequestError)."""
 
-    def __init__(self, kind: str, status: int | None, text: str) -> None:
+    def __init__(self, kind: RequestErrorKind, status: int | None, text: str) -> None:
         super().__init__(text)
         self.kind = kind
         self.status = status
@@ -237,7 +239,8 @@ async def _stream_one(session: aiohttp.ClientSession, url: str, body: bytes) -> 
     async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
         if response.status != 200:
             detail = (await response.read())[:_MAX_ERROR_TEXT].decode("utf-8", "replace")
-            kind = "http_5xx" if response.status >= 500 else "http_4xx" if response.status >= 400 else "stream"
+            kind: RequestErrorKind = ("http_5xx" if response.status >= 500 else "http_4xx" if response.status >= 400
+                                      else "stream")
             raise _StreamError(kind, response.status, f"HTTP {response.status} {response.reason}: {detail}")
         tail = b""
         async for chunk in response.content.iter_any():
@@ -270,7 +273,7 @@ async def _stream_one(session: aiohttp.ClientSession, url: str, body: bytes) -> 
     return record
 
 
-def _describe(exc: BaseException) -> tuple[str, int | None, str]:
+def _describe(exc: BaseException) -> tuple[RequestErrorKind, int | None, str]:
     if isinstance(exc, _StreamError):
         return exc.kind, exc.status, exc.text
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
@@ -300,10 +303,10 @@ class _Load:
         self.failed = 0
         self.failed_indices: set[int] = set()
         self.start = 0.0
-        self.stop_reason: tuple[str, str] | None = None
+        self.stop_reason: tuple[RequestErrorKind, str] | None = None
         self.internal_error = ""
 
-    def _fail(self, index: int, kind: str, status: int | None, text: str) -> None:
+    def _fail(self, index: int, kind: RequestErrorKind, status: int | None, text: str) -> None:
         self.failed += 1
         self.failed_indices.add(index)
         if len(self.errors) < _MAX_ERRORS_KEPT:

@@ -30,7 +30,7 @@ def server_config_key(item: _Item) -> Hashable | None:
     params = getattr(getattr(item, "callspec", None), "params", {})
     if "vllm_config" not in params:
         return DEFAULT_CONFIG
-    config = params["vllm_config"]
+    config: Hashable = params["vllm_config"]
     try:
         hash(config)
     except TypeError:  # an unhashable indirect param (e.g. a dict the user's fixture turns into a config)

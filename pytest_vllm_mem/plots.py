@@ -112,7 +112,10 @@ def startup_breakdown(memory: Any) -> dict[str, float]:
     """What vLLM's startup log said it spent, in GiB, labelled for the side panel; empty when it printed nothing."""
     if memory is None:
         return {}
-    get = (lambda name: memory.get(name)) if isinstance(memory, dict) else (lambda name: getattr(memory, name, None))
+
+    def get(name: str) -> Any:  # a StartupMemory, or its dict in a record
+        return memory.get(name) if isinstance(memory, dict) else getattr(memory, name, None)
+
     weights_s, graphs_s = get("weights_load_s"), get("graph_capture_s")
     rows: dict[str, float] = {}
     for label, name in (
@@ -216,7 +219,7 @@ def plot_timeline(samples: list[tuple[float, int]], markers: list[tuple[str, flo
         axes.set_yticks([])
     else:
         timeline = _timeline(samples, markers, origin, last, tier_bytes, tier_label, phases or {})
-        if split:
+        if split and healthy is not None:  # split implies healthy; said again for the type checker
             _draw_panel(panels[0], timeline, 0.0, healthy, startup_panel=True)
             _draw_panel(panels[1], timeline, healthy, end * 1.005, startup_panel=False)
             _break_marks(panels[0], panels[1])
@@ -249,7 +252,7 @@ def _timeline(samples: list[tuple[float, int]], markers: list[tuple[str, float]]
     peak = max(ys)
     tier_gib = tier_bytes / GIB if tier_bytes else None
     tier_on_scale = tier_gib is not None and tier_gib <= max(peak, 1e-9) * TIER_OFF_SCALE_RATIO
-    top = max(peak, tier_gib if tier_on_scale else 0.0) * 1.25 or 1.0
+    top = max(peak, tier_gib if tier_gib is not None and tier_on_scale else 0.0) * 1.25 or 1.0
     return _Timeline(xs, ys, phase_windows(markers, origin, last), phases, top, tier_gib, tier_on_scale,
                      tier_text(tier_label, tier_bytes) if tier_bytes else "")
 
@@ -380,7 +383,7 @@ def _clear_spot(axes: Any, timeline: _Timeline, x: float, y: float, text: str) -
         cost = covered * 10 + outside * 50 + rank  # rank: nearer spots win ties
         if best is None or cost < best[0]:
             best = (cost, (dx, dy, ha, va))
-    return best[1]
+    return best[1] if best is not None else _NOTE_SPOTS[0]
 
 
 def _break_marks(left: Any, right: Any) -> None:
@@ -451,7 +454,7 @@ def _with_duration(event: str, memory: Any) -> str:
     return f"{event} ({wording}{seconds:.1f} s)" if seconds is not None else event
 
 
-def plot_record(record: "TestRecord", server: "VLLMServer | None", plots_dir: Path) -> Path:
+def plot_record(record: TestRecord, server: VLLMServer | None, plots_dir: Path) -> Path:
     """Draw the timeline of `server`, the one behind `record` (a running server, or the stopped one of a failed
     startup), into `plots_dir`; returns the path.
 

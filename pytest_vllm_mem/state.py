@@ -39,8 +39,5 @@ class SessionState(Session):
         self.servers: dict[str, VLLMServer] = {}
         self.leaked: list[int] = []  # pids of servers still running at session end (stopped then, and reported)
 
-    def server_of(self, test_id: str) -> VLLMServer | None:
-        return self.servers.get(test_id)
-
 
 state_key = pytest.StashKey[SessionState]()
