@@ -230,7 +230,8 @@ def compare(
         if not values:
             continue
         now = Sample.of(values)
-        tolerance = tolerances.get(name, metric.default_tolerance) if metric.gated else None
+        # A report-only figure is gated when a tolerance is set for it (e.g. ttft_p99=50%).
+        tolerance = tolerances.get(name, metric.default_tolerance) if metric.gated or name in tolerances else None
         recorded = entry.metrics.get(name) if entry is not None else None
         if entry is None or recorded is None:
             comparisons.append(Comparison(name, None, now.median, None, tolerance, "new", version,

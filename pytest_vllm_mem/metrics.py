@@ -108,6 +108,7 @@ class Metric:
     path: tuple[str, ...]
     scale: float = 1.0
     kv_sized: bool = False
+    opt_in: bool = False  # report-only unless a tolerance is set for it (ttft_p99)
 
     @property
     def gated(self) -> bool:
@@ -176,7 +177,10 @@ METRICS: dict[str, Metric] = {
         _gated("request_throughput", "req/s", True, 0.10, "completed requests per second over the load", "load",
                ("request_throughput",)),
         _gated("ttft_p50", "ms", False, 0.20, "median time to first token", "load", ("ttft_ms", "p50")),
-        _gated("ttft_p99", "ms", False, 0.20, "99th percentile time to first token", "load", ("ttft_ms", "p99")),
+        # Reported, gated only with a tolerance set for it: of a few dozen requests the p99 is the slowest one, and it
+        # moved +177% to +300% between healthy runs (issue 15).
+        Metric("ttft_p99", "ms", False, None, "99th percentile time to first token", "load", ("ttft_ms", "p99"),
+               opt_in=True),
         _gated("tpot_p50", "ms", False, 0.20, "median time per output token after the first", "load",
                ("tpot_ms", "p50")),
         _figure("startup_time", "s", False, "seconds from launch until the server answered", ("startup", "duration_s")),
@@ -245,7 +249,7 @@ def parse_tolerance(text: str, metric: Metric) -> Tolerance:
 
 
 def _unknown_metric(name: str, where: str) -> ToleranceError:
-    known = ", ".join(GATED)
+    known = ", ".join(name for name, metric in METRICS.items() if metric.gated or metric.opt_in)
     if name in METRICS:
         return ToleranceError(f"{where}{name} is a report-only figure: it is shown next to its baseline but never "
                               f"gated, so it takes no tolerance. Gated metrics: {known}.")
@@ -254,7 +258,7 @@ def _unknown_metric(name: str, where: str) -> ToleranceError:
 
 def _gated_metric(name: str, where: str) -> Metric:
     metric = METRICS.get(name)
-    if metric is None or metric.default_tolerance is None:
+    if metric is None or (metric.default_tolerance is None and not metric.opt_in):
         raise _unknown_metric(name, where)
     return metric
 

@@ -193,3 +193,20 @@ def test_default_k_with_five_repeats_catches_a_30_percent_drop_in_5_percent_nois
     assert _rates(5, 0.05, -0.30, floor=0.10, k=DEFAULT_K)[0] > 0.95
     # With 3 repeats the same drop is missed about one time in five: why the README recommends repeat=5.
     assert _rates(3, 0.05, -0.30, floor=0.10, k=DEFAULT_K)[0] < 0.9
+
+
+def test_ttft_p99_is_reported_and_gated_only_when_a_tolerance_is_set() -> None:
+    from pytest_vllm_mem.baseline_store import BaselineEntry, EnvKey
+    from pytest_vllm_mem.compare import compare
+    from pytest_vllm_mem.metrics import GATED, parse_tolerance_spec, resolve_tolerances
+    from pytest_vllm_mem.noise import noise_aware_judge
+
+    assert "ttft_p99" not in GATED
+    entry = BaselineEntry.from_samples("t", EnvKey("auto", "cpu", "0.32.0"), {"ttft_p99": [200.0, 210.0, 190.0]},
+                                       config="tiny")
+    slow = {"ttft_p99": [600.0, 610.0, 590.0]}
+    default = compare(entry, slow, resolve_tolerances({}, {}, {}), judge=noise_aware_judge)
+    assert [c.status for c in default] == ["info"]
+    opted = compare(entry, slow, resolve_tolerances(parse_tolerance_spec("ttft_p99=50%"), {}, {}),
+                    judge=noise_aware_judge)
+    assert [c.status for c in opted] == ["regressed"] and "3 runs vs 3" in opted[0].detail
