@@ -62,6 +62,9 @@ def baseline_cell(record: TestRecord) -> tuple[str, str | None]:
 def _change(comparison: dict[str, Any]) -> str:
     # Change_pct is None against a baseline of 0 (a hand-edited file); formatting it crashed the summary.
     pct = comparison.get("change_pct")
+    detail = comparison.get("detail") or ""
+    if detail and pct is not None:
+        return detail.split(";")[0]  # the noise judge's statistics: "-18.0% +- 6.1%, 3 runs vs 3"
     return f"{pct:+.1f}%" if pct is not None else "from 0"
 
 
@@ -278,7 +281,7 @@ class ReportWriter:
             "header": self.header(records),
             **self.environment(records),
             "server_startups": len({(r.server_pid, r.startup.get("duration_s")) for r in records if r.server_pid}),
-            "leaked_server_pids": getattr(state, "leaked", []),
+            "leaked_server_pids": list(state.leaked),
             "upgrades": upgrade_document(records),
             "tests": [record.to_dict() for record in records],
         }
@@ -297,7 +300,7 @@ class ReportWriter:
                                "pass a path in a writable folder")
 
     def terminal_summary(self, terminal: Terminal, records: list[TestRecord]) -> None:
-        leaked = getattr(self.state, "leaked", [])
+        leaked = self.state.leaked
         if not records and not leaked and not self.errors and not self.warnings:
             return
         terminal.section("vLLM memory and serving", sep="=")
