@@ -210,3 +210,12 @@ def test_ttft_p99_is_reported_and_gated_only_when_a_tolerance_is_set() -> None:
     opted = compare(entry, slow, resolve_tolerances(parse_tolerance_spec("ttft_p99=50%"), {}, {}),
                     judge=noise_aware_judge)
     assert [c.status for c in opted] == ["regressed"] and "3 runs vs 3" in opted[0].detail
+
+
+def test_report_cell_shows_the_statistics_of_a_noise_judged_regression() -> None:
+    from pytest_vllm_mem.report import _change
+
+    judged = {"metric": "output_throughput", "change_pct": -18.04,
+              "detail": "-18.0% +- 6.1%, 3 runs vs 3; limit 24.4% (4 x 6.1%, above the tolerance), catches 34% or more"}
+    assert _change(judged) == "-18.0% +- 6.1%, 3 runs vs 3"
+    assert _change({"change_pct": -18.04, "detail": ""}) == "-18.0%"
