@@ -8,4 +8,8 @@ bash ci/setup-venv.sh
 # The version matrix: tests/test_e2e_versions.py starts this release's servers through --vllm-python.
 VLLM_MEM_RELEASE_PYTHON="$(bash ci/setup-release-venv.sh 0.27.1)"
 export VLLM_MEM_RELEASE_PYTHON
+# The real vllm 0.33.0 GPU wheel (downloaded once into the cache): tests/test_vllm_wheel.py builds the flag table from
+# its source and checks diagnose.py's log patterns against its format strings, on this CPU interpreter.
+VLLM_MEM_WHEEL_SRC="$(bash ci/check-vllm-wheel.sh --prepare 0.33.0)"
+export VLLM_MEM_WHEEL_SRC
 exec .venv/bin/python -m pytest tests "$@"
