@@ -52,6 +52,7 @@ READY = "serving"  # the last milestone: "Application startup complete"
 
 # ---- events ---------------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Figures:
     """What the log said so far (None: not printed yet, or not by this vLLM)."""
@@ -67,8 +68,10 @@ class Figures:
     def describe(self) -> list[str]:
         parts = []
         if self.weights_gib is not None:
-            parts.append(f"weights {self.weights_gib:.2f} GiB" + (f" in {self.weights_s:.1f}s"
-                                                                    if self.weights_s is not None else ""))
+            parts.append(
+                f"weights {self.weights_gib:.2f} GiB"
+                + (f" in {self.weights_s:.1f}s" if self.weights_s is not None else "")
+            )
         if self.kv_gib is not None or self.kv_tokens is not None:
             kv = [f"{self.kv_gib:.2f} GiB"] if self.kv_gib is not None else []
             kv += [f"{self.kv_tokens:,} tokens"] if self.kv_tokens is not None else []
@@ -81,8 +84,15 @@ class Figures:
 
     @classmethod
     def of(cls, memory: StartupMemory) -> Figures:
-        return cls(memory.weights_gib, memory.weights_load_s, memory.kv_cache_gib, memory.kv_cache_tokens,
-                   memory.graph_capture_gib, memory.graph_capture_s, memory.engine_init_s)
+        return cls(
+            memory.weights_gib,
+            memory.weights_load_s,
+            memory.kv_cache_gib,
+            memory.kv_cache_tokens,
+            memory.graph_capture_gib,
+            memory.graph_capture_s,
+            memory.engine_init_s,
+        )
 
 
 @dataclass(frozen=True)
@@ -174,15 +184,34 @@ class LoadEnded:
     @classmethod
     def of(cls, test_id: str, number: int, result: LoadResult) -> LoadEnded:
         """From the measured result: the figures the results JSON keeps."""
-        return cls(test_id, number, result.completed, result.failed, result.num_prompts, result.duration_s,
-                   result.output_throughput, result.peak_memory_bytes or 0, result.ok)
+        return cls(
+            test_id,
+            number,
+            result.completed,
+            result.failed,
+            result.num_prompts,
+            result.duration_s,
+            result.output_throughput,
+            result.peak_memory_bytes or 0,
+            result.ok,
+        )
 
 
-Event = (StartupBegan | PhaseSeen | StartupTick | StartupEnded | ServerReused | NotStarted | LoadTick | LoadStopped
-         | LoadEnded)
+Event = (
+    StartupBegan
+    | PhaseSeen
+    | StartupTick
+    | StartupEnded
+    | ServerReused
+    | NotStarted
+    | LoadTick
+    | LoadStopped
+    | LoadEnded
+)
 
 
 # ---- the active observer --------------------------------------------------------------------------------------
+
 
 @dataclass
 class Observer:
@@ -247,7 +276,7 @@ class LogTail:
             return []
         data = self._partial + chunk
         cut = max(data.rfind(b"\n"), data.rfind(b"\r"))
-        self._partial = data[cut + 1:] if len(data) - cut - 1 <= _MAX_LINE else b""
+        self._partial = data[cut + 1 :] if len(data) - cut - 1 <= _MAX_LINE else b""
         if cut < 0:
             return []
         return data[:cut].decode("utf-8", "replace").splitlines()
@@ -345,8 +374,7 @@ class StartupWatch:
         for line in lines:
             phase = self.reader.feed(line)
             if phase is not None:
-                send(self.observer, PhaseSeen(self.observer.test_id, phase, elapsed,
-                                                    self.reader.take_new_figures()))
+                send(self.observer, PhaseSeen(self.observer.test_id, phase, elapsed, self.reader.take_new_figures()))
 
     def _running_peak(self) -> int:
         now = time.monotonic()  # taken before the read: a sample appended after it is timed after `now`
@@ -360,8 +388,17 @@ class StartupWatch:
         if now >= self._next_tick:
             self._next_tick = now + self.observer.tick_s
             obs = self.observer
-            send(obs, StartupTick(obs.test_id, self.reader.phase, now - self.server.started_at,
-                                        self._running_peak(), obs.tier_bytes, obs.tier_name))
+            send(
+                obs,
+                StartupTick(
+                    obs.test_id,
+                    self.reader.phase,
+                    now - self.server.started_at,
+                    self._running_peak(),
+                    obs.tier_bytes,
+                    obs.tier_name,
+                ),
+            )
 
     def finish(self, outcome: StartupOutcome | None, memory: StartupMemory | None = None) -> None:
         """`outcome` None: interrupted (Ctrl-C, a CI cancel). Figures from `memory`, the parse the results keep."""
@@ -370,11 +407,29 @@ class StartupWatch:
         obs = self.observer
         figures = Figures.of(memory) if memory is not None else self.reader.figures
         if outcome is None:
-            ended = StartupEnded(obs.test_id, False, "interrupted", time.monotonic() - self.server.started_at,
-                                 self._running_peak(), obs.tier_bytes, obs.tier_name, self.reader.phase, figures)
+            ended = StartupEnded(
+                obs.test_id,
+                False,
+                "interrupted",
+                time.monotonic() - self.server.started_at,
+                self._running_peak(),
+                obs.tier_bytes,
+                obs.tier_name,
+                self.reader.phase,
+                figures,
+            )
         else:
-            ended = StartupEnded(obs.test_id, outcome.ok, outcome.kind, outcome.duration_s,
-                                 outcome.peak_memory_bytes, obs.tier_bytes, obs.tier_name, self.reader.phase, figures)
+            ended = StartupEnded(
+                obs.test_id,
+                outcome.ok,
+                outcome.kind,
+                outcome.duration_s,
+                outcome.peak_memory_bytes,
+                obs.tier_bytes,
+                obs.tier_name,
+                self.reader.phase,
+                figures,
+            )
         send(obs, ended)
 
 
@@ -421,8 +476,7 @@ class LoadWatch:
             self._peak = max(self._peak, server.sampler.peak_between(self._peak_since))
             self._peak_since = now
         obs = self.observer
-        send(obs, LoadTick(obs.test_id, self.number, done, failed, self.total, rate, self._peak,
-                                 now - self.started))
+        send(obs, LoadTick(obs.test_id, self.number, done, failed, self.total, rate, self._peak, now - self.started))
 
     def _run(self) -> None:
         while not self._stop.wait(self.observer.tick_s):
@@ -446,6 +500,7 @@ def watch_load(counts: Counts, total: int) -> LoadWatch | _NoLoadWatch:
 
 
 # ---- rendering ------------------------------------------------------------------------------------------------
+
 
 class Terminal(Protocol):
     width: int
@@ -511,7 +566,9 @@ class Renderer:
             if not quiet:
                 extra = ""
                 if verbose:
-                    extra = f" (at {time.strftime('%H:%M:%S', time.localtime(event.wall_time))}, log {event.log_path})"
+                    tenths = int(event.wall_time % 1 * 10)
+                    clock = f"{time.strftime('%H:%M:%S', time.localtime(event.wall_time))}.{tenths}"
+                    extra = f" (at {clock}, log {event.log_path})"
                 self._line(f"{event.test_id}: starting {event.config}{extra}")
         elif isinstance(event, PhaseSeen):
             figures = f" ({'; '.join(event.new_figures)})" if event.new_figures else ""
@@ -537,32 +594,40 @@ class Renderer:
             if event.ok:
                 self._line(f"{who}ready in {event.duration_s:.1f}s" + (f": {figures}" if figures else "") + f"; {peak}")
             else:
-                self._line(f"{who}{'interrupted' if event.kind == 'interrupted' else f'failed [{event.kind}]'} "
-                           f"after {event.duration_s:.1f}s while {event.phase}; {peak}")
+                self._line(
+                    f"{who}{'interrupted' if event.kind == 'interrupted' else f'failed [{event.kind}]'} "
+                    f"after {event.duration_s:.1f}s while {event.phase}; {peak}"
+                )
         elif isinstance(event, ServerReused):
             if not quiet:
-                self._line(f"{event.test_id}: reusing the server for {event.config} (pid {event.pid}, "
-                           f"up {event.up_s:.0f}s)")
+                self._line(
+                    f"{event.test_id}: reusing the server for {event.config} (pid {event.pid}, up {event.up_s:.0f}s)"
+                )
         elif isinstance(event, NotStarted):
             if not quiet:
                 self._line(f"{event.test_id}: not started [{event.kind}]: {event.summary[:160]}")
         elif isinstance(event, LoadTick):
             if quiet:
                 return
-            text = (f"load {event.number}: {event.done}/{event.total} done, {event.failed} failed, "
-                    f"{event.tok_per_s:.0f} tok/s, peak {format_bytes(event.peak_bytes)}")
+            text = (
+                f"load {event.number}: {event.done}/{event.total} done, {event.failed} failed, "
+                f"{event.tok_per_s:.0f} tok/s, peak {format_bytes(event.peak_bytes)}"
+            )
             self._status(("  " if self.mode == "plain" else f"{event.test_id} ") + text)
         elif isinstance(event, LoadStopped):
             self.terminal.clear_status()
         elif isinstance(event, LoadEnded):
             self.terminal.clear_status()
             who = f"{event.test_id}: " if quiet else "  "
-            self._line(f"{who}load {event.number} {'done' if event.ok else 'FAILED'}: {event.completed}/{event.total} "
-                       f"in {event.duration_s:.1f}s, {event.failed} failed, {event.output_throughput:.1f} output "
-                       f"tok/s, peak {format_bytes(event.peak_bytes)}")
+            self._line(
+                f"{who}load {event.number} {'done' if event.ok else 'FAILED'}: {event.completed}/{event.total} "
+                f"in {event.duration_s:.1f}s, {event.failed} failed, {event.output_throughput:.1f} output "
+                f"tok/s, peak {format_bytes(event.peak_bytes)}"
+            )
 
 
 # ---- the pytest adapter's terminal ----------------------------------------------------------------------------
+
 
 class _Reporter(Protocol):
     """The parts of pytest's TerminalReporter used here."""
@@ -633,8 +698,10 @@ def choose_mode(setting: str, isatty: bool, *, worker: bool) -> Mode | None:
     if setting not in MODES:
         from .settings import UsageError
 
-        raise UsageError(f"--vllm-progress={setting!r} is not a progress mode: use auto (an updating line on a "
-                         "terminal, plain lines otherwise, e.g. in CI logs), line, plain, or off.")
+        raise UsageError(
+            f"--vllm-progress={setting!r} is not a progress mode: use auto (an updating line on a "
+            "terminal, plain lines otherwise, e.g. in CI logs), line, plain, or off."
+        )
     if setting == "off" or worker:
         return None
     if setting == "auto":
@@ -652,6 +719,7 @@ def pytest_renderer(config: Any, setting: str) -> Renderer | None:
     mode = choose_mode(setting, bool(reporter.isatty()), worker=hasattr(config, "workerinput"))
     if mode is None:
         return None
-    terminal = PytestTerminal(reporter, config.pluginmanager.get_plugin("capturemanager"),
-                              config.get_terminal_writer().fullwidth)
+    terminal = PytestTerminal(
+        reporter, config.pluginmanager.get_plugin("capturemanager"), config.get_terminal_writer().fullwidth
+    )
     return Renderer(terminal, mode, int(config.get_verbosity()))

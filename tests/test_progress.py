@@ -13,9 +13,24 @@ import pytest
 from pytest_vllm_mem import progress
 from pytest_vllm_mem.config import VLLMConfig
 from pytest_vllm_mem.diagnose import parse_startup_memory
-from pytest_vllm_mem.progress import (Figures, LoadEnded, LoadStopped, LoadTick, LogTail, Observer, PhaseSeen,
-                                      Renderer, StartupBegan, StartupEnded, StartupReader, StartupTick, choose_mode,
-                                      observing, watch_load, watch_startup)
+from pytest_vllm_mem.progress import (
+    Figures,
+    LoadEnded,
+    LoadStopped,
+    LoadTick,
+    LogTail,
+    Observer,
+    PhaseSeen,
+    Renderer,
+    StartupBegan,
+    StartupEnded,
+    StartupReader,
+    StartupTick,
+    choose_mode,
+    observing,
+    watch_load,
+    watch_startup,
+)
 from pytest_vllm_mem.server import StartupOutcome
 from pytest_vllm_mem.settings import UsageError
 
@@ -40,9 +55,14 @@ GPU_LINES = [
 def test_reader_sees_the_phases_of_a_real_cpu_startup_in_order() -> None:
     reader = StartupReader()
     phases = [phase for line in STARTED.read_text().splitlines() if (phase := reader.feed(line))]
-    assert phases == ["initializing the engine", "loading the weights",
-                      "profiling memory (compile and dummy forward pass)", "allocating the KV cache",
-                      "starting the API server", "serving"]
+    assert phases == [
+        "initializing the engine",
+        "loading the weights",
+        "profiling memory (compile and dummy forward pass)",
+        "allocating the KV cache",
+        "starting the API server",
+        "serving",
+    ]
     # The figures the reader shows are those the results JSON keeps (diagnose's parse of the same log).
     memory = parse_startup_memory(STARTED.read_text())
     assert reader.figures.kv_gib == memory.kv_cache_gib and reader.figures.kv_tokens == memory.kv_cache_tokens
@@ -61,8 +81,12 @@ def test_reader_reads_gpu_figures_and_attaches_them_to_the_phase_they_came_with(
     assert seen[3] == ("allocating the KV cache", ("KV cache 6.42 GiB",))
     assert seen[4] == ("warming up", ("KV cache 6.42 GiB, 13,136 tokens", "graphs 0.53 GiB in 12.0s"))
     assert seen[-1][0] == "serving"
-    assert reader.figures.describe() == ["weights 12.55 GiB in 5.1s", "KV cache 6.42 GiB, 13,136 tokens",
-                                         "graphs 0.53 GiB in 12.0s", "engine init 19.6s"]
+    assert reader.figures.describe() == [
+        "weights 12.55 GiB in 5.1s",
+        "KV cache 6.42 GiB, 13,136 tokens",
+        "graphs 0.53 GiB in 12.0s",
+        "engine init 19.6s",
+    ]
 
 
 def test_a_phase_never_goes_back() -> None:
@@ -187,6 +211,7 @@ def test_run_load_offers_its_counters_only_under_an_observer(monkeypatch: pytest
 
 # ---- rendering ------------------------------------------------------------------------------------------------
 
+
 class Screen:
     def __init__(self, width: int = 60) -> None:
         self.width = width
@@ -234,8 +259,9 @@ def test_plain_lines_at_phase_changes_and_at_most_every_few_seconds() -> None:
     heartbeats = [line for line in screen.lines if "still loading the weights" in line]
     assert 4 <= len(heartbeats) <= 6  # 30 ticks a second apart: one line per 5 s of silence
     assert heartbeats[0].endswith("peak 1.00 GiB of the 24gb tier (4%)")
-    assert screen.lines[-1] == ("[vllm-mem]   ready in 30.0s: KV cache 1.00 GiB, 524,288 tokens; peak 2.00 GiB of "
-                                "the 24gb tier (9%)")
+    assert screen.lines[-1] == (
+        "[vllm-mem]   ready in 30.0s: KV cache 1.00 GiB, 524,288 tokens; peak 2.00 GiB of the 24gb tier (9%)"
+    )
 
 
 def test_status_line_updates_at_a_modest_rate_and_fits_the_terminal() -> None:
@@ -263,26 +289,31 @@ def test_quiet_outcome_lines_name_the_test() -> None:
     screen, clock = Screen(), Clock()
     render = Renderer(screen, "line", -1, clock=clock)
     startup(render, clock)
-    assert screen.lines == ["[vllm-mem] t[A]: ready in 30.0s: KV cache 1.00 GiB, 524,288 tokens; peak 2.00 GiB of "
-                            "the 24gb tier (9%)"]
+    assert screen.lines == [
+        "[vllm-mem] t[A]: ready in 30.0s: KV cache 1.00 GiB, 524,288 tokens; peak 2.00 GiB of the 24gb tier (9%)"
+    ]
 
 
 def test_verbose_shows_every_phase_line_and_the_wall_clock_on_a_terminal_too() -> None:
     screen, clock = Screen(), Clock()
     render = Renderer(screen, "line", 1, clock=clock)
-    wall = time.mktime((2026, 12, 1, 9, 12, 3, 0, 0, -1))
+    wall = time.mktime((2026, 12, 1, 9, 12, 3, 0, 0, -1)) + 0.42
     render(StartupBegan("t[A]", "tiny", "/logs/1.log", wall))
     render(PhaseSeen("t[A]", "loading the weights", 4.25, ()))
-    assert screen.lines == ["[vllm-mem] t[A]: starting tiny (at 09:12:03, log /logs/1.log)",
-                            "[vllm-mem]   +4.2s loading the weights"]
+    assert screen.lines == [
+        "[vllm-mem] t[A]: starting tiny (at 09:12:03.4, log /logs/1.log)",
+        "[vllm-mem]   +4.2s loading the weights",
+    ]
 
 
 def test_failed_startup_says_kind_and_phase() -> None:
     screen = Screen()
-    Renderer(screen, "plain")(StartupEnded("t", False, "host_memory", 12.3, 2**30, None, "", "allocating the KV cache",
-                                           Figures()))
-    assert screen.lines == ["[vllm-mem]   failed [host_memory] after 12.3s while allocating the KV cache; "
-                            "peak 1.00 GiB"]
+    Renderer(screen, "plain")(
+        StartupEnded("t", False, "host_memory", 12.3, 2**30, None, "", "allocating the KV cache", Figures())
+    )
+    assert screen.lines == [
+        "[vllm-mem]   failed [host_memory] after 12.3s while allocating the KV cache; peak 1.00 GiB"
+    ]
 
 
 def test_load_lines_in_plain_mode() -> None:
@@ -293,10 +324,12 @@ def test_load_lines_in_plain_mode() -> None:
         render(LoadTick("t", 1, second * 4, 0, 48, 150.0, 2**30, second))
     render(LoadStopped("t"))
     render(LoadEnded("t", 1, 48, 0, 48, 12.5, 153.04, 2**30, True))
-    assert screen.lines == ["[vllm-mem]   load 1: 0/48 done, 0 failed, 150 tok/s, peak 1.00 GiB",
-                            "[vllm-mem]   load 1: 20/48 done, 0 failed, 150 tok/s, peak 1.00 GiB",
-                            "[vllm-mem]   load 1: 40/48 done, 0 failed, 150 tok/s, peak 1.00 GiB",
-                            "[vllm-mem]   load 1 done: 48/48 in 12.5s, 0 failed, 153.0 output tok/s, peak 1.00 GiB"]
+    assert screen.lines == [
+        "[vllm-mem]   load 1: 0/48 done, 0 failed, 150 tok/s, peak 1.00 GiB",
+        "[vllm-mem]   load 1: 20/48 done, 0 failed, 150 tok/s, peak 1.00 GiB",
+        "[vllm-mem]   load 1: 40/48 done, 0 failed, 150 tok/s, peak 1.00 GiB",
+        "[vllm-mem]   load 1 done: 48/48 in 12.5s, 0 failed, 153.0 output tok/s, peak 1.00 GiB",
+    ]
 
 
 def test_a_broken_terminal_never_fails_the_run(tmp_path: Path) -> None:
@@ -324,7 +357,7 @@ def test_modes() -> None:
 
 # ---- the pytest adapter, in a real inner session (a fake launch: no vLLM) -------------------------------------
 
-INNER_CONFTEST = '''
+INNER_CONFTEST = """
 import time
 from pathlib import Path
 from pytest_vllm_mem import fixtures, progress
@@ -368,9 +401,9 @@ def fake_start(self, config):
 Session.start = fake_start
 Session.tier = property(lambda self: Tier("24gb", 24 * 10**9))
 fixtures.record_for = lambda request, server: None  # the records need a real server; progress does not
-'''
+"""
 
-INNER_TEST = '''
+INNER_TEST = """
 import pytest
 from pytest_vllm_mem import VLLMConfig
 
@@ -381,7 +414,7 @@ def test_first(vllm_server):
 @pytest.mark.parametrize("vllm_config", [VLLMConfig("tiny", max_model_len=512)], ids=["again"])
 def test_second(vllm_server):
     pass
-'''
+"""
 
 
 @pytest.fixture
@@ -398,10 +431,10 @@ def test_progress_reaches_the_terminal_past_capture_in_plain_lines(inner: pytest
     lines = [line for line in out.splitlines() if line.startswith("[vllm-mem]")]
     assert lines[0] == "[vllm-mem] test_inner.py::test_first[A]: starting tiny max-model-len=512"
     assert any("+" in line and "initializing the engine" in line for line in lines)
-    assert any("ready in 1.5s: weights 12.55 GiB in 5.1s; KV cache 6.42 GiB, 13,136 tokens" in line
-               for line in lines)
-    assert lines[-1].startswith("[vllm-mem] test_inner.py::test_second[again]: reusing the server for tiny "
-                                "max-model-len=512 (pid 4242")
+    assert any("ready in 1.5s: weights 12.55 GiB in 5.1s; KV cache 6.42 GiB, 13,136 tokens" in line for line in lines)
+    assert lines[-1].startswith(
+        "[vllm-mem] test_inner.py::test_second[again]: reusing the server for tiny max-model-len=512 (pid 4242"
+    )
     assert "the test's own output stays captured" not in out
 
 
