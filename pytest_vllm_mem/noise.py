@@ -6,6 +6,10 @@ robust spread (MAD) pooled over the baseline's runs and this run's repeats, plus
 sessions' medians (the part of the noise that repeats within one session cannot see: a whole run on a fast or a
 slow moment of a shared machine).
 
+On the log scale: a shared machine slows a load down by a factor, so the noise of throughput and latency is a
+factor too. In logs a 70% throughput drop (x 0.3) stands as far out of noise as a x 3.3 latency rise, and the spread
+of a slowed run is the spread it had. The statistics are shown in percent (for small changes the two agree).
+
 Why not a rank test: with 3 runs against 3 the smallest two-sided Mann-Whitney p is 0.1, so no test on so few runs
 can be both strict and sensitive. A threshold scaled by the observed noise says what the runs can show, and
 `Decision.detectable` states it: the smallest worsening that this many runs catch nearly every time (95%).
@@ -36,7 +40,7 @@ DEFAULT_K = 4.0
 
 
 class NoiseError(ValueError):
-    """The inputs of a decision cannot be judged (no values, a zero or non-finite median)."""
+    """The inputs of a decision cannot be judged (no values, a value that is not positive and finite)."""
 
 
 def median(values: Sequence[float]) -> float:
@@ -47,24 +51,31 @@ def median(values: Sequence[float]) -> float:
     return items[middle] if len(items) % 2 else (items[middle - 1] + items[middle]) / 2
 
 
-def relative_deviations(values: Sequence[float]) -> list[float]:
-    """Each value's distance from the group's median, as a fraction of that median. An odd group's median is one of
-    its values, and its own zero deviation carries no information, so one zero is dropped."""
+def _logs(values: Sequence[float]) -> list[float]:
+    if not all(math.isfinite(float(v)) and float(v) > 0 for v in values):
+        raise NoiseError(f"a noise-scaled decision needs positive finite values, got {list(values)!r}")
+    return [math.log(float(v)) for v in values]
+
+
+def log_deviations(values: Sequence[float]) -> list[float]:
+    """Each value's distance from the group's median on the log scale (about the relative distance: log(1.1) =
+    0.095). An odd group's median is one of its values, and its own zero deviation says nothing, so one zero is
+    dropped."""
     if len(values) < 2:
         return []
-    center = median(values)
-    if center == 0 or not math.isfinite(center):
-        raise NoiseError(f"relative spread of values with median {center!r}")
-    deviations = [abs(float(v) - center) / abs(center) for v in values]
+    logs = _logs(values)
+    center = median(logs)
+    deviations = [abs(v - center) for v in logs]
     if len(values) % 2:
         deviations.remove(min(deviations))
     return deviations
 
 
 def pooled_spread(*groups: Sequence[float]) -> float | None:
-    """A robust relative standard deviation of one run (1.4826 x the median absolute deviation), each group around
-    its own median so that a shift between groups does not count as noise. None when no group has two values."""
-    deviations = [d for group in groups for d in relative_deviations(group)]
+    """A robust standard deviation of one run on the log scale (1.4826 x the median absolute deviation; about the
+    relative one), each group around its own median so that a shift between groups does not count as noise. None
+    when no group has two values."""
+    deviations = [d for group in groups for d in log_deviations(group)]
     if not deviations:
         return None
     return _MAD_TO_SD * median(deviations)
@@ -77,14 +88,26 @@ def median_variance_factor(n: int) -> float:
     return _MEDIAN_VARIANCE.get(n, math.pi / 2)
 
 
+def _worse_log(fraction: float, higher_is_better: bool) -> float:
+    """A worsening by `fraction` of the baseline on the log scale: a drop to 1 - f, or a rise to 1 + f."""
+    if higher_is_better:
+        return math.inf if fraction >= 1 else -math.log1p(-fraction)
+    return math.log1p(fraction)
+
+
+def _worse_fraction(log_change: float, higher_is_better: bool) -> float:
+    """The inverse of _worse_log: how much worse, as a fraction of the baseline, a log-scale worsening is."""
+    return -math.expm1(-log_change) if higher_is_better else math.expm1(log_change)
+
+
 @dataclass(frozen=True)
 class Decision:
     """What the runs show about one metric. Fractions, not percent: change -0.18 is 18% lower than the baseline."""
 
-    change: float  # (median now - median baseline) / |median baseline|
+    change: float  # (median now - median baseline) / median baseline
     worse_by: float  # the change in the metric's worse direction: positive is a worsening
-    stderr: float | None  # standard error of `change`; None when no spread is known (single runs, no history)
-    threshold: float  # a worsening (or, mirrored, an improvement) beyond this is real: max(floor, k x stderr)
+    stderr: float | None  # standard error of the change on the log scale (about relative); None: no spread known
+    threshold: float  # a worsening beyond this fraction fails: max(floor, k x stderr), back from the log scale
     floor: float  # the tolerance: the smallest change that can fail, however quiet the runs
     k: float
     detectable: float  # a true worsening this large is caught 95% of the time (threshold + 1.645 x stderr)
@@ -96,7 +119,7 @@ class Decision:
     @property
     def noise_limited(self) -> bool:
         """True when the noise, not the tolerance, set the threshold."""
-        return self.threshold > self.floor
+        return self.threshold > self.floor * (1 + 1e-9)
 
     def summary(self) -> str:
         """`-18.0% +- 6.1%, 4 runs vs 5` (this run's repeats vs the baseline's runs)."""
@@ -110,7 +133,7 @@ class Decision:
         return f"{spread}, {runs}{history}"
 
     def limit_text(self) -> str:
-        """What set the limit and what the runs can show: `limit 18.3% (3 x 6.1%), catches 28% or more`."""
+        """What set the limit and what the runs can show: `limit 24.4% (4 x 6.1%), catches 33% or more`."""
         if self.stderr is None:
             return f"limit {self.floor * 100:.3g}% (the tolerance; no repeats show the noise)"
         if self.noise_limited:
@@ -120,7 +143,7 @@ class Decision:
         return f"{why}, catches {self.detectable * 100:.3g}% or more"
 
     def detail(self) -> str:
-        """`-18.0% +- 6.1%, 4 runs vs 5; limit 18.3% (3 x 6.1%, above the tolerance), catches 28% or more`."""
+        """`-18.0% +- 6.1%, 4 runs vs 5; limit 24.4% (4 x 6.1%, above the tolerance), catches 33% or more`."""
         return f"{self.summary()}; {self.limit_text()}"
 
 
@@ -132,14 +155,11 @@ def decide(baseline: Sequence[float], now: Sequence[float], *, higher_is_better:
         raise NoiseError(f"a decision needs values on both sides, got {len(baseline)} baseline and {len(now)} now")
     if not (math.isfinite(floor) and floor >= 0) or not (math.isfinite(k) and k >= 0):
         raise NoiseError(f"floor and k must be finite and not negative, got floor={floor!r}, k={k!r}")
-    values = [float(v) for v in (*baseline, *now, *history)]
-    if not all(math.isfinite(v) for v in values):
-        raise NoiseError("values must be finite")
+    _logs([*baseline, *now, *history])
     base_median, now_median = median(baseline), median(now)
-    if base_median == 0:
-        raise NoiseError("a relative change from a baseline median of 0")
-    change = (now_median - base_median) / abs(base_median)
-    worse_by = -change if higher_is_better else change
+    change = (now_median - base_median) / base_median
+    log_change = math.log(now_median / base_median)
+    worse_log = -log_change if higher_is_better else log_change
     within = pooled_spread(baseline, now)
     variance = 0.0
     if within is not None:
@@ -151,20 +171,23 @@ def decide(baseline: Sequence[float], now: Sequence[float], *, higher_is_better:
     if between is not None:
         variance += 2 * between**2
     stderr = math.sqrt(variance) if (within is not None or between is not None) else None
-    threshold = max(floor, k * stderr) if stderr is not None else floor
+    noise = k * stderr if stderr is not None else 0.0
     # A hair of slack so a change of exactly the tolerance passes despite float rounding.
-    limit = threshold * (1 + 1e-9) + 1e-12
+    worse_limit = max(_worse_log(floor, higher_is_better), noise) * (1 + 1e-9) + 1e-12
+    better_limit = max(_worse_log(floor, not higher_is_better), noise) * (1 + 1e-9) + 1e-12
     status: Literal["ok", "regressed", "improved"]
-    if worse_by > limit:
+    if worse_log > worse_limit:
         status = "regressed"
-    elif -worse_by > limit:
+    elif -worse_log > better_limit:
         status = "improved"
     else:
         status = "ok"
-    detectable = threshold + _Z_POWER * stderr if stderr is not None else threshold
-    return Decision(change=change, worse_by=worse_by, stderr=stderr, threshold=threshold, floor=floor, k=k,
-                    detectable=detectable, n_baseline=len(baseline), n_now=len(now),
-                    n_history=len(history) if between is not None else 0, status=status)
+    threshold_log = max(_worse_log(floor, higher_is_better), noise)
+    detectable_log = threshold_log + (_Z_POWER * stderr if stderr is not None else 0.0)
+    return Decision(change=change, worse_by=-change if higher_is_better else change, stderr=stderr,
+                    threshold=max(floor, _worse_fraction(threshold_log, higher_is_better)), floor=floor, k=k,
+                    detectable=_worse_fraction(detectable_log, higher_is_better), n_baseline=len(baseline),
+                    n_now=len(now), n_history=len(history) if between is not None else 0, status=status)
 
 
 def is_noisy(metric: Metric) -> bool:
@@ -180,9 +203,10 @@ class NoiseJudge:
     k: float = DEFAULT_K
 
     def __call__(self, metric: Metric, baseline: Sample, now: Sample, tolerance: Tolerance) -> Verdict:
-        if not is_noisy(metric) or baseline.median == 0 or not baseline.values:
+        positive = baseline.median > 0 and all(v > 0 for v in (*baseline.values, *now.values))
+        if not is_noisy(metric) or not positive or not baseline.values:
             return tolerance_judge(metric, baseline, now, tolerance)
-        floor = tolerance.limit(baseline.median) / abs(baseline.median)
+        floor = tolerance.limit(baseline.median) / baseline.median
         # The entry's median is what the file says (a hand-edited one too); its runs keep their spread around it.
         shift = baseline.median / median(baseline.values)
         decision = decide([v * shift for v in baseline.values], now.values, higher_is_better=metric.higher_is_better,
