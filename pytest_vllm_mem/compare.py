@@ -132,13 +132,17 @@ class Comparison:
         replanned = ""
         if self.recorded is not None:
             replanned = f" (re-planned from {format_quantity(self.recorded, self.unit)})"
-        parts = [f"{self.change_pct:+.1f}%" if self.change_pct is not None else "from 0"]
+        # A detail that starts with the change and its statistics ("-18.0% +- 6.1%, 3 runs vs 3; limit ...", the
+        # noise judge's) replaces the bare change; what follows its ";" comes after the tolerance.
+        with_change = self.detail[:1] in ("+", "-")
+        summary, _, rest = self.detail.partition(";") if with_change else ("", "", self.detail)
+        parts = [summary.strip() or (f"{self.change_pct:+.1f}%" if self.change_pct is not None else "from 0")]
         if self.tolerance is not None:
             parts.append(f"tolerance {self.tolerance}")
         else:
             parts.append("reported, not gated")
-        if self.detail:
-            parts.append(self.detail)
+        if rest.strip():
+            parts.append(rest.strip())
         return (f"{self.metric}: {now} now vs {format_quantity(self.baseline, self.unit)} baseline{on}{replanned} "
                 f"({', '.join(parts)})")
 

@@ -34,7 +34,7 @@ _Z_POWER = 1.645
 
 # Standard errors a change must exceed. 3 would do for independent runs; a test's repeats run back to back, and a
 # shared machine drifts over minutes, so they understate the noise between two sessions: on this project's 2-core
-# runner k=3 failed 5 of 30 healthy 3-vs-3 comparisons, k=4 2 of 30, and 0 of 18 at 5 vs 5
+# runner k=3 failed 4 of 30 healthy 3-vs-3 comparisons, k=4 2 of 30, and 0 of 18 at 5 vs 5
 # (benchmarks/gate_noise.py).
 DEFAULT_K = 4.0
 

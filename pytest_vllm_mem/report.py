@@ -63,7 +63,7 @@ def _change(comparison: dict[str, Any]) -> str:
     # Change_pct is None against a baseline of 0 (a hand-edited file); formatting it crashed the summary.
     pct = comparison.get("change_pct")
     detail = comparison.get("detail") or ""
-    if detail and pct is not None:
+    if detail[:1] in ("+", "-") and pct is not None:
         return detail.split(";")[0]  # the noise judge's statistics: "-18.0% +- 6.1%, 3 runs vs 3"
     return f"{pct:+.1f}%" if pct is not None else "from 0"
 

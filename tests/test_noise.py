@@ -221,3 +221,21 @@ def test_report_cell_shows_the_statistics_of_a_noise_judged_regression() -> None
               "detail": "-18.0% +- 6.1%, 3 runs vs 3; limit 24.4% (4 x 6.1%, above the tolerance), catches 34% or more"}
     assert _change(judged) == "-18.0% +- 6.1%, 3 runs vs 3"
     assert _change({"change_pct": -18.04, "detail": ""}) == "-18.0%"
+
+
+def test_failure_message_carries_the_change_with_its_statistics_once() -> None:
+    from pytest_vllm_mem.baseline_store import BaselineEntry, EnvKey
+    from pytest_vllm_mem.compare import compare
+    from pytest_vllm_mem.metrics import resolve_tolerances
+    from pytest_vllm_mem.noise import noise_aware_judge
+    from pytest_vllm_mem.report import _change
+
+    entry = BaselineEntry.from_samples("t", EnvKey("auto", "cpu", "0.32.0"),
+                                       {"output_throughput": [1000.0, 1010.0, 990.0, 1005.0, 995.0]}, config="tiny")
+    [c] = compare(entry, {"output_throughput": [700.0, 705.0, 695.0]}, resolve_tolerances({}, {}, {}),
+                  judge=noise_aware_judge)
+    assert c.status == "regressed"
+    message = c.message()
+    assert "(-30.0% +- " in message and ", 3 runs vs 5, tolerance 10%, limit 10% (the tolerance;" in message
+    assert message.count("-30.0%") == 1
+    assert _change(c.to_dict()).startswith("-30.0% +- ") and _change(c.to_dict()).endswith("3 runs vs 5")
