@@ -180,7 +180,7 @@ def sweep(data: dict[str, Any], ks: tuple[float, ...] = (2.0, 2.5, 3.0, 4.0),
 
 
 def judge_pair(rule: Rule, base_session: dict[str, Any], base_loads: list[dict[str, Any]],
-               now_session: dict[str, Any], now_loads: list[dict[str, Any]]) -> list[Any]:
+               now_session: dict[str, Any], now_loads: list[dict[str, Any]], *, strict: bool = False) -> list[Any]:
     """The comparisons the plugin makes for a test whose baseline was recorded from `base_loads` and which now ran
     `now_loads`; the failing ones (not strict)."""
     from pytest_vllm_mem.baseline_store import BaselineEntry, EnvKey
@@ -192,7 +192,7 @@ def judge_pair(rule: Rule, base_session: dict[str, Any], base_loads: list[dict[s
     tolerances = {name: rule.tolerances[name] for name in rule.tolerances}
     # Metrics a rule has no tolerance for (report-only under it) are not gated: pass the plugin's own mapping.
     comparisons = compare(entry, _samples(now_session, now_loads), tolerances, judge=rule.judge)
-    return gate_failures([c for c in comparisons if c.metric in tolerances], strict=False)
+    return gate_failures([c for c in comparisons if c.metric in tolerances], strict=strict)
 
 
 # Throughput drops put onto the measured same-config loads: the machine's real noise, a known regression. Only the
@@ -226,7 +226,9 @@ def evaluate(data: dict[str, Any]) -> dict[str, Any]:
                 runs_failed += bool(failures)
                 for c in failures:
                     failed[c.metric] = failed.get(c.metric, 0) + 1
-            row["same"] = {"runs": len(pairs), "failed": runs_failed, "by_metric": failed}
+            # "update?": the summary's hint that a metric improved beyond tolerance (fails only in strict mode).
+            update = sum(any(c.status == "improved" for c in judge_pair(rule, *pair, strict=True)) for pair in pairs)
+            row["same"] = {"runs": len(pairs), "failed": runs_failed, "by_metric": failed, "update_hint": update}
             for drop in INJECTED:
                 caught = sum(bool([c for c in judge_pair(rule, b, bl, n, [_slower(load, drop) for load in nl])
                                    if c.metric in NOISY]) for b, bl, n, nl in pairs)
@@ -306,7 +308,8 @@ def evaluate_and_print(data: dict[str, Any]) -> dict[str, Any]:
           "throughput or latency metric)")
     for row in figures["results"]:
         same = row["same"]
-        cells = [f"same {same['failed']}/{same['runs']} failed {same['by_metric'] or ''}"]
+        cells = [f"same {same['failed']}/{same['runs']} failed {same['by_metric'] or ''}, "
+                 f"{same['update_hint']} said update?"]
         for key, value in row.items():
             if isinstance(value, dict) and key != "same":
                 cells.append(f"{key} caught {value['caught']}/{value['runs']}")
