@@ -11,7 +11,7 @@ Each pair goes through the plugin's real code (TestRecord.metrics / metric_sampl
 comparison) once with the old rule and once with the new one; a same-config pair that fails is a false failure, a
 regressed pair that fails on a throughput or latency metric is a detection.
 
-    python benchmarks/gate_noise.py [--quick] [--json results/gate_noise.json]   # collect (under the e2e lock) + evaluate
+    python benchmarks/gate_noise.py [--quick] [--json results/gate_noise.json]   # collect (e2e lock) and evaluate
     python benchmarks/gate_noise.py --from results/gate_noise.json               # evaluate saved loads again
 """
 
@@ -58,11 +58,16 @@ def _write_json(path: Path, data: Any) -> None:
 def collect(quick: bool, out: Path) -> dict[str, Any]:
     """Start each session's server once, run its loads, keep everything the plugin's record would hold."""
     from agreement import start_tiny_server
+
     from pytest_vllm_mem.measure import measured_load
 
     workdir = Path(tempfile.mkdtemp(prefix="vllm-mem-gate-noise-"))
-    data: dict[str, Any] = {"load": LOAD, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                            "nproc": os.cpu_count(), "sessions": []}
+    data: dict[str, Any] = {
+        "load": LOAD,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "nproc": os.cpu_count(),
+        "sessions": [],
+    }
     started = time.monotonic()
     for name, flags, loads in SESSIONS:
         if quick:
@@ -70,16 +75,25 @@ def collect(quick: bool, out: Path) -> dict[str, Any]:
         t0 = time.monotonic()
         state, server = start_tiny_server(workdir / "logs", **flags)
         startup_s = time.monotonic() - t0
-        session: dict[str, Any] = {"name": name, "flags": flags, "launched": str(server.launched),
-                                   "startup_s": startup_s, "started_at": time.time(),
-                                   "startup": server.startup.to_dict() if server.startup else {},
-                                   "memory": server.memory.to_dict() if server.memory else {}, "loads": []}
+        session: dict[str, Any] = {
+            "name": name,
+            "flags": flags,
+            "launched": str(server.launched),
+            "startup_s": startup_s,
+            "started_at": time.time(),
+            "startup": server.startup.to_dict() if server.startup else {},
+            "memory": server.memory.to_dict() if server.memory else {},
+            "loads": [],
+        }
         try:
             for _ in range(loads):
                 result = measured_load(server, **LOAD)
                 session["loads"].append({**result.to_dict(), "load_average": os.getloadavg()[0]})
-                print(f"{name:>15}  {result.output_throughput:7.1f} tok/s  ttft p50 {result.ttft.p50:6.1f} ms  "
-                      f"p99 {result.ttft.p99:6.1f} ms  tpot p50 {result.tpot.p50:5.2f} ms", flush=True)
+                print(
+                    f"{name:>15}  {result.output_throughput:7.1f} tok/s  ttft p50 {result.ttft.p50:6.1f} ms  "
+                    f"p99 {result.ttft.p99:6.1f} ms  tpot p50 {result.tpot.p50:5.2f} ms",
+                    flush=True,
+                )
         finally:
             state.close()
         data["sessions"].append(session)
@@ -100,18 +114,23 @@ def main() -> None:
     else:
         data = collect(args.quick, Path(args.json))
     figures = evaluate_and_print(data)
-    if args.source is None:
-        _write_json(Path(args.json), {**data, "evaluation": figures})
-    elif args.json != parser.get_default("json"):
+    if args.source is None or args.json != parser.get_default("json"):
         _write_json(Path(args.json), {**data, "evaluation": figures})
 
 
 # ---- evaluation ---------------------------------------------------------------------------------------------------
 
 # The old rule: the fixed band on the medians with the defaults before the noise-aware gate (baseline.py, f7ea9db).
-OLD_TOLERANCES = {"startup_peak_memory": 0.05, "load_peak_memory": 0.05, "kv_cache_tokens": 0.05,
-                  "output_throughput": 0.10, "request_throughput": 0.10, "ttft_p50": 0.20, "ttft_p99": 0.20,
-                  "tpot_p50": 0.20}
+OLD_TOLERANCES = {
+    "startup_peak_memory": 0.05,
+    "load_peak_memory": 0.05,
+    "kv_cache_tokens": 0.05,
+    "output_throughput": 0.10,
+    "request_throughput": 0.10,
+    "ttft_p50": 0.20,
+    "ttft_p99": 0.20,
+    "tpot_p50": 0.20,
+}
 REPEATS = (1, 2, 3, 5)
 
 
@@ -132,7 +151,7 @@ def _samples(session: dict[str, Any], loads: list[dict[str, Any]]) -> dict[str, 
 
 def _chunks(session: dict[str, Any], repeat: int) -> list[list[dict[str, Any]]]:
     loads = [load for load in session["loads"] if load.get("completed")]
-    return [loads[i:i + repeat] for i in range(0, len(loads) - repeat + 1, repeat)]
+    return [loads[i : i + repeat] for i in range(0, len(loads) - repeat + 1, repeat)]
 
 
 @dataclass(frozen=True)
@@ -148,12 +167,15 @@ def rules() -> list[Rule]:
     from pytest_vllm_mem.noise import noise_aware_judge
 
     old = {name: Tolerance(relative=value, unit=METRICS[name].unit) for name, value in OLD_TOLERANCES.items()}
-    return [Rule("old: fixed tolerances", tolerance_judge, old),
-            Rule("new: noise-scaled (plugin defaults)", noise_aware_judge, resolve_tolerances({}, {}, {}))]
+    return [
+        Rule("old: fixed tolerances", tolerance_judge, old),
+        Rule("new: noise-scaled (plugin defaults)", noise_aware_judge, resolve_tolerances({}, {}, {})),
+    ]
 
 
-def sweep(data: dict[str, Any], ks: tuple[float, ...] = (2.0, 2.5, 3.0, 4.0),
-          repeats: tuple[int, ...] = (3, 5)) -> list[dict[str, Any]]:
+def sweep(
+    data: dict[str, Any], ks: tuple[float, ...] = (2.0, 2.5, 3.0, 4.0), repeats: tuple[int, ...] = (3, 5)
+) -> list[dict[str, Any]]:
     """The noise rule with other k: same-config false failures and throughput-only detections (how k was chosen)."""
     from pytest_vllm_mem.metrics import resolve_tolerances
     from pytest_vllm_mem.noise import NoiseJudge
@@ -166,29 +188,48 @@ def sweep(data: dict[str, Any], ks: tuple[float, ...] = (2.0, 2.5, 3.0, 4.0),
         for k in ks:
             rule = Rule(f"k={k:g}", NoiseJudge(k=k), resolve_tolerances({}, {}, {}))
             row: dict[str, Any] = {"repeat": repeat, "k": k}
-            pairs = [(b, bl, n, nl) for b in same for n in same if b is not n
-                     for bl, nl in zip(_chunks(b, repeat), _chunks(n, repeat))]
+            pairs = [
+                (b, bl, n, nl)
+                for b in same
+                for n in same
+                if b is not n
+                for bl, nl in zip(_chunks(b, repeat), _chunks(n, repeat))
+            ]
             row["same"] = (sum(bool(judge_pair(rule, *pair)) for pair in pairs), len(pairs))
             for r in regressed:
                 now_chunks = _chunks(r, repeat)
-                outcomes = [any(c.metric == "output_throughput"
-                                for c in judge_pair(rule, b, bl, r, now_chunks[i % len(now_chunks)]))
-                            for b in same for i, bl in enumerate(_chunks(b, repeat)) if now_chunks]
+                outcomes = [
+                    any(
+                        c.metric == "output_throughput"
+                        for c in judge_pair(rule, b, bl, r, now_chunks[i % len(now_chunks)])
+                    )
+                    for b in same
+                    for i, bl in enumerate(_chunks(b, repeat))
+                    if now_chunks
+                ]
                 row[r["name"]] = (sum(outcomes), len(outcomes))
             rows.append(row)
     return rows
 
 
-def judge_pair(rule: Rule, base_session: dict[str, Any], base_loads: list[dict[str, Any]],
-               now_session: dict[str, Any], now_loads: list[dict[str, Any]], *, strict: bool = False) -> list[Any]:
+def judge_pair(
+    rule: Rule,
+    base_session: dict[str, Any],
+    base_loads: list[dict[str, Any]],
+    now_session: dict[str, Any],
+    now_loads: list[dict[str, Any]],
+    *,
+    strict: bool = False,
+) -> list[Any]:
     """The comparisons the plugin makes for a test whose baseline was recorded from `base_loads` and which now ran
     `now_loads`; the failing ones (not strict)."""
     from pytest_vllm_mem.baseline_store import BaselineEntry, EnvKey
     from pytest_vllm_mem.compare import compare, gate_failures
 
     env = EnvKey("auto", "cpu", "0.32.0")
-    entry = BaselineEntry.from_samples("gate_noise", env, _samples(base_session, base_loads),
-                                       config=base_session["launched"])
+    entry = BaselineEntry.from_samples(
+        "gate_noise", env, _samples(base_session, base_loads), config=base_session["launched"]
+    )
     tolerances = {name: rule.tolerances[name] for name in rule.tolerances}
     # Metrics a rule has no tolerance for (report-only under it) are not gated: pass the plugin's own mapping.
     comparisons = compare(entry, _samples(now_session, now_loads), tolerances, judge=rule.judge)
@@ -201,8 +242,11 @@ INJECTED = (0.15, 0.30, 0.70)
 
 
 def _slower(load: dict[str, Any], drop: float) -> dict[str, Any]:
-    return {**load, "output_throughput": load["output_throughput"] * (1 - drop),
-            "request_throughput": load["request_throughput"] * (1 - drop)}
+    return {
+        **load,
+        "output_throughput": load["output_throughput"] * (1 - drop),
+        "request_throughput": load["request_throughput"] * (1 - drop),
+    }
 
 
 NOISY = ("output_throughput", "request_throughput", "ttft_p50", "ttft_p99", "tpot_p50")
@@ -217,8 +261,13 @@ def evaluate(data: dict[str, Any]) -> dict[str, Any]:
     for repeat in REPEATS:
         for rule in rules():
             row: dict[str, Any] = {"repeat": repeat, "rule": rule.name}
-            pairs = [(b, bl, n, nl) for b in same for n in same if b is not n
-                     for bl, nl in zip(_chunks(b, repeat), _chunks(n, repeat))]
+            pairs = [
+                (b, bl, n, nl)
+                for b in same
+                for n in same
+                if b is not n
+                for bl, nl in zip(_chunks(b, repeat), _chunks(n, repeat))
+            ]
             failed: dict[str, int] = {}
             runs_failed = 0
             for b, bl, n, nl in pairs:
@@ -230,8 +279,16 @@ def evaluate(data: dict[str, Any]) -> dict[str, Any]:
             update = sum(any(c.status == "improved" for c in judge_pair(rule, *pair, strict=True)) for pair in pairs)
             row["same"] = {"runs": len(pairs), "failed": runs_failed, "by_metric": failed, "update_hint": update}
             for drop in INJECTED:
-                caught = sum(bool([c for c in judge_pair(rule, b, bl, n, [_slower(load, drop) for load in nl])
-                                   if c.metric in NOISY]) for b, bl, n, nl in pairs)
+                caught = sum(
+                    bool(
+                        [
+                            c
+                            for c in judge_pair(rule, b, bl, n, [_slower(load, drop) for load in nl])
+                            if c.metric in NOISY
+                        ]
+                    )
+                    for b, bl, n, nl in pairs
+                )
                 row[f"injected -{drop:.0%}"] = {"runs": len(pairs), "caught": caught}
             for r in regressed:
                 now_chunks = _chunks(r, repeat)
@@ -242,8 +299,9 @@ def evaluate(data: dict[str, Any]) -> dict[str, Any]:
                     for i, bl in enumerate(_chunks(b, repeat)):
                         if not now_chunks:
                             continue
-                        failures = [c for c in judge_pair(rule, b, bl, r, now_chunks[i % len(now_chunks)])
-                                    if c.metric in NOISY]
+                        failures = [
+                            c for c in judge_pair(rule, b, bl, r, now_chunks[i % len(now_chunks)]) if c.metric in NOISY
+                        ]
                         trials += 1
                         caught += bool(failures)
                         for c in failures:
@@ -255,8 +313,10 @@ def evaluate(data: dict[str, Any]) -> dict[str, Any]:
     print("\nthe noise rule with other k (same-config runs failed; output_throughput alone catching each flag)")
     figures["sweep"] = sweep(data)
     for row in figures["sweep"]:
-        print(f"  repeat {row['repeat']}  k={row['k']:<4g} " + "; ".join(
-            f"{key} {value[0]}/{value[1]}" for key, value in row.items() if isinstance(value, tuple)))
+        print(
+            f"  repeat {row['repeat']}  k={row['k']:<4g} "
+            + "; ".join(f"{key} {value[0]}/{value[1]}" for key, value in row.items() if isinstance(value, tuple))
+        )
     return figures
 
 
@@ -276,16 +336,23 @@ def effects(same: list[dict[str, Any]], regressed: list[dict[str, Any]]) -> dict
     for session in same + regressed:
         samples = _samples(session, session["loads"])
         out["sessions"][session["name"]] = {
-            "startup_s": session["startup_s"], "loads": len(session["loads"]),
-            **{name: {"median": _median(v), "spread": pooled_spread(v), "min": min(v), "max": max(v)}
-               for name, v in samples.items()}}
+            "startup_s": session["startup_s"],
+            "loads": len(session["loads"]),
+            **{
+                name: {"median": _median(v), "spread": pooled_spread(v), "min": min(v), "max": max(v)}
+                for name, v in samples.items()
+            },
+        }
         if session in same:
             for name, values in samples.items():
                 pooled.setdefault(name, []).extend(values)
     for session in regressed:
         samples = _samples(session, session["loads"])
-        out["changes"][session["name"]] = {name: _median(values) / _median(pooled[name]) - 1
-                                           for name, values in samples.items() if name in NOISY and name in pooled}
+        out["changes"][session["name"]] = {
+            name: _median(values) / _median(pooled[name]) - 1
+            for name, values in samples.items()
+            if name in NOISY and name in pooled
+        }
     return out
 
 
@@ -294,8 +361,15 @@ def evaluate_and_print(data: dict[str, Any]) -> dict[str, Any]:
     print("\nper session: median (robust spread of one load, min..max)")
     for name, metrics in figures["effects"]["sessions"].items():
         cells = []
-        for metric in ("output_throughput", "ttft_p50", "ttft_p99", "tpot_p50", "load_peak_memory",
-                       "startup_peak_memory", "kv_cache_tokens"):
+        for metric in (
+            "output_throughput",
+            "ttft_p50",
+            "ttft_p99",
+            "tpot_p50",
+            "load_peak_memory",
+            "startup_peak_memory",
+            "kv_cache_tokens",
+        ):
             m = metrics.get(metric)
             if m:
                 spread = f"{m['spread'] * 100:.1f}%" if m["spread"] is not None else "-"
@@ -304,12 +378,15 @@ def evaluate_and_print(data: dict[str, Any]) -> dict[str, Any]:
     print("\nwhat each flag really does (median vs the pooled same-config loads)")
     for name, changes in figures["effects"]["changes"].items():
         print(f"  {name:>15}: " + ", ".join(f"{m} {v * 100:+.0f}%" for m, v in changes.items()))
-    print("\nfalse failures (same config vs its own baseline) and detections (regressed config fails on a "
-          "throughput or latency metric)")
+    print(
+        "\nfalse failures (same config vs its own baseline) and detections (regressed config fails on a "
+        "throughput or latency metric)"
+    )
     for row in figures["results"]:
         same = row["same"]
-        cells = [f"same {same['failed']}/{same['runs']} failed {same['by_metric'] or ''}, "
-                 f"{same['update_hint']} said update?"]
+        cells = [
+            f"same {same['failed']}/{same['runs']} failed {same['by_metric'] or ''}, {same['update_hint']} said update?"
+        ]
         for key, value in row.items():
             if isinstance(value, dict) and key != "same":
                 cells.append(f"{key} caught {value['caught']}/{value['runs']}")

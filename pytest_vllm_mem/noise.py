@@ -1,10 +1,10 @@
 """A noise-scaled decision for the metrics that wobble from run to run (throughput, latency).
 
 Compare medians, and let the noise the runs themselves show widen the band: a change fails when it exceeds
-max(floor, k x its standard error) (k = 4), where the floor is the metric's tolerance and the standard error comes from a
-robust spread (MAD) pooled over the baseline's runs and this run's repeats, plus, where given, the spread of earlier
-sessions' medians (the part of the noise that repeats within one session cannot see: a whole run on a fast or a
-slow moment of a shared machine).
+max(floor, k x its standard error) (k = 4), where the floor is the metric's tolerance and the standard error comes
+from a robust spread (MAD) pooled over the baseline's runs and this run's repeats, plus, where given, the spread of
+earlier sessions' medians (the part of the noise that repeats within one session cannot see: a whole run on a fast
+or a slow moment of a shared machine).
 
 On the log scale: a shared machine slows a load down by a factor, so the noise of throughput and latency is a
 factor too. In logs a 70% throughput drop (x 0.3) stands as far out of noise as a x 3.3 latency rise, and the spread
@@ -139,7 +139,8 @@ class Decision:
         if self.noise_limited:
             why = f"limit {self.threshold * 100:.3g}% ({self.k:g} x {self.stderr * 100:.1f}%, above the tolerance)"
         else:
-            why = f"limit {self.threshold * 100:.3g}% (the tolerance; {self.k:g} x noise is {self.k * self.stderr * 100:.1f}%)"
+            noise = self.k * self.stderr * 100
+            why = f"limit {self.threshold * 100:.3g}% (the tolerance; {self.k:g} x noise is {noise:.1f}%)"
         return f"{why}, catches {self.detectable * 100:.3g}% or more"
 
     def detail(self) -> str:
@@ -147,8 +148,15 @@ class Decision:
         return f"{self.summary()}; {self.limit_text()}"
 
 
-def decide(baseline: Sequence[float], now: Sequence[float], *, higher_is_better: bool, floor: float,
-           k: float = DEFAULT_K, history: Sequence[float] = ()) -> Decision:
+def decide(
+    baseline: Sequence[float],
+    now: Sequence[float],
+    *,
+    higher_is_better: bool,
+    floor: float,
+    k: float = DEFAULT_K,
+    history: Sequence[float] = (),
+) -> Decision:
     """Judge `now` (this run's repeats) against `baseline` (the baseline's runs). `floor` is the tolerance as a
     fraction of the baseline median; `history` holds medians of earlier sessions of the same test, if kept."""
     if len(baseline) == 0 or len(now) == 0:
@@ -163,8 +171,9 @@ def decide(baseline: Sequence[float], now: Sequence[float], *, higher_is_better:
     within = pooled_spread(baseline, now)
     variance = 0.0
     if within is not None:
-        variance += within**2 * (median_variance_factor(len(baseline)) / len(baseline)
-                                 + median_variance_factor(len(now)) / len(now))
+        variance += within**2 * (
+            median_variance_factor(len(baseline)) / len(baseline) + median_variance_factor(len(now)) / len(now)
+        )
     # Earlier sessions' medians vary by between-session noise (plus their own within-session part): two sessions'
     # medians differ by sqrt(2) of that.
     between = pooled_spread(history) if len(history) >= 3 else None
@@ -184,10 +193,19 @@ def decide(baseline: Sequence[float], now: Sequence[float], *, higher_is_better:
         status = "ok"
     threshold_log = max(_worse_log(floor, higher_is_better), noise)
     detectable_log = threshold_log + (_Z_POWER * stderr if stderr is not None else 0.0)
-    return Decision(change=change, worse_by=-change if higher_is_better else change, stderr=stderr,
-                    threshold=max(floor, _worse_fraction(threshold_log, higher_is_better)), floor=floor, k=k,
-                    detectable=_worse_fraction(detectable_log, higher_is_better), n_baseline=len(baseline),
-                    n_now=len(now), n_history=len(history) if between is not None else 0, status=status)
+    return Decision(
+        change=change,
+        worse_by=-change if higher_is_better else change,
+        stderr=stderr,
+        threshold=max(floor, _worse_fraction(threshold_log, higher_is_better)),
+        floor=floor,
+        k=k,
+        detectable=_worse_fraction(detectable_log, higher_is_better),
+        n_baseline=len(baseline),
+        n_now=len(now),
+        n_history=len(history) if between is not None else 0,
+        status=status,
+    )
 
 
 def is_noisy(metric: Metric) -> bool:
@@ -209,8 +227,13 @@ class NoiseJudge:
         floor = tolerance.limit(baseline.median) / baseline.median
         # The entry's median is what the file says (a hand-edited one too); its runs keep their spread around it.
         shift = baseline.median / median(baseline.values)
-        decision = decide([v * shift for v in baseline.values], now.values, higher_is_better=metric.higher_is_better,
-                          floor=floor, k=self.k)
+        decision = decide(
+            [v * shift for v in baseline.values],
+            now.values,
+            higher_is_better=metric.higher_is_better,
+            floor=floor,
+            k=self.k,
+        )
         return Verdict(decision.status, decision.detail())
 
 

@@ -7,8 +7,15 @@ import math
 import numpy as np
 import pytest
 
-from pytest_vllm_mem.noise import (Decision, NoiseError, decide, median, median_variance_factor, pooled_spread,
-                                   log_deviations)
+from pytest_vllm_mem.noise import (
+    Decision,
+    NoiseError,
+    decide,
+    log_deviations,
+    median,
+    median_variance_factor,
+    pooled_spread,
+)
 
 
 def test_median_of_odd_and_even_groups() -> None:
@@ -62,8 +69,9 @@ def test_noisy_runs_widen_the_threshold() -> None:
     assert d.noise_limited and d.threshold > 0.20
     assert d.stderr is not None and d.threshold == pytest.approx(1 - math.exp(-4 * d.stderr))
     # The same drop on quiet runs fails.
-    assert decide([1000.0, 1010.0, 990.0], [800.0, 810.0, 790.0], higher_is_better=True, floor=0.10).status \
-        == "regressed"
+    assert (
+        decide([1000.0, 1010.0, 990.0], [800.0, 810.0, 790.0], higher_is_better=True, floor=0.10).status == "regressed"
+    )
 
 
 def test_direction_for_latency_and_mirrored_improvement() -> None:
@@ -101,8 +109,7 @@ def test_history_of_earlier_sessions_widens_the_noise() -> None:
 
 
 def test_summary_and_detail_carry_the_statistics() -> None:
-    d = decide([1000.0, 1060.0, 940.0, 1000.0, 1030.0], [820.0, 860.0, 780.0, 800.0],
-               higher_is_better=True, floor=0.10)
+    d = decide([1000.0, 1060.0, 940.0, 1000.0, 1030.0], [820.0, 860.0, 780.0, 800.0], higher_is_better=True, floor=0.10)
     summary = d.summary()
     assert summary.startswith("-19.0% +- ") and summary.endswith("%, 4 runs vs 5")
     assert d.detail().startswith(summary + "; limit ")
@@ -110,21 +117,25 @@ def test_summary_and_detail_carry_the_statistics() -> None:
     assert d.detectable > d.threshold
 
 
-@pytest.mark.parametrize("bad", [
-    {"baseline": [], "now": [1.0]},
-    {"baseline": [0.0], "now": [1.0]},
-    {"baseline": [1.0], "now": [math.nan]},
-    {"baseline": [1.0], "now": [1.0], "floor": -0.1},
-    {"baseline": [1.0], "now": [1.0], "k": math.inf},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"baseline": [], "now": [1.0]},
+        {"baseline": [0.0], "now": [1.0]},
+        {"baseline": [1.0], "now": [math.nan]},
+        {"baseline": [1.0], "now": [1.0], "floor": -0.1},
+        {"baseline": [1.0], "now": [1.0], "k": math.inf},
+    ],
+)
 def test_inputs_that_cannot_be_judged(bad: dict) -> None:
     args = {"higher_is_better": True, "floor": 0.1, **bad}
     with pytest.raises(NoiseError):
         decide(**args)
 
 
-def _rates(n: int, sd: float, true_change: float, floor: float, k: float = 3.0,
-           trials: int = 2000) -> tuple[float, float]:
+def _rates(
+    n: int, sd: float, true_change: float, floor: float, k: float = 3.0, trials: int = 2000
+) -> tuple[float, float]:
     """(failure rate, median threshold) of `trials` simulated n-vs-n comparisons with normal noise `sd`."""
     rng = np.random.default_rng(15)
     failed, thresholds = 0, []
@@ -150,6 +161,7 @@ def test_simulated_noise_false_failures_are_rare_and_large_changes_are_caught() 
 
 
 # ---- the judge the gate uses ------------------------------------------------------------------------------------
+
 
 def test_judge_decides_throughput_by_noise_and_memory_by_the_fixed_band() -> None:
     from pytest_vllm_mem.compare import Sample
@@ -204,21 +216,26 @@ def test_ttft_p99_is_reported_and_gated_only_when_a_tolerance_is_set() -> None:
     from pytest_vllm_mem.noise import noise_aware_judge
 
     assert "ttft_p99" not in GATED
-    entry = BaselineEntry.from_samples("t", EnvKey("auto", "cpu", "0.32.0"), {"ttft_p99": [200.0, 210.0, 190.0]},
-                                       config="tiny")
+    entry = BaselineEntry.from_samples(
+        "t", EnvKey("auto", "cpu", "0.32.0"), {"ttft_p99": [200.0, 210.0, 190.0]}, config="tiny"
+    )
     slow = {"ttft_p99": [600.0, 610.0, 590.0]}
     default = compare(entry, slow, resolve_tolerances({}, {}, {}), judge=noise_aware_judge)
     assert [c.status for c in default] == ["info"]
-    opted = compare(entry, slow, resolve_tolerances(parse_tolerance_spec("ttft_p99=50%"), {}, {}),
-                    judge=noise_aware_judge)
+    opted = compare(
+        entry, slow, resolve_tolerances(parse_tolerance_spec("ttft_p99=50%"), {}, {}), judge=noise_aware_judge
+    )
     assert [c.status for c in opted] == ["regressed"] and "3 runs vs 3" in opted[0].detail
 
 
 def test_report_cell_shows_the_statistics_of_a_noise_judged_regression() -> None:
     from pytest_vllm_mem.report import _change
 
-    judged = {"metric": "output_throughput", "change_pct": -18.04,
-              "detail": "-18.0% +- 6.1%, 3 runs vs 3; limit 24.4% (4 x 6.1%, above the tolerance), catches 34% or more"}
+    judged = {
+        "metric": "output_throughput",
+        "change_pct": -18.04,
+        "detail": "-18.0% +- 6.1%, 3 runs vs 3; limit 24.4% (4 x 6.1%, above the tolerance), catches 34% or more",
+    }
     assert _change(judged) == "-18.0% +- 6.1%, 3 runs vs 3"
     assert _change({"change_pct": -18.04, "detail": ""}) == "-18.0%"
 
@@ -230,10 +247,15 @@ def test_failure_message_carries_the_change_with_its_statistics_once() -> None:
     from pytest_vllm_mem.noise import noise_aware_judge
     from pytest_vllm_mem.report import _change
 
-    entry = BaselineEntry.from_samples("t", EnvKey("auto", "cpu", "0.32.0"),
-                                       {"output_throughput": [1000.0, 1010.0, 990.0, 1005.0, 995.0]}, config="tiny")
-    [c] = compare(entry, {"output_throughput": [700.0, 705.0, 695.0]}, resolve_tolerances({}, {}, {}),
-                  judge=noise_aware_judge)
+    entry = BaselineEntry.from_samples(
+        "t",
+        EnvKey("auto", "cpu", "0.32.0"),
+        {"output_throughput": [1000.0, 1010.0, 990.0, 1005.0, 995.0]},
+        config="tiny",
+    )
+    [c] = compare(
+        entry, {"output_throughput": [700.0, 705.0, 695.0]}, resolve_tolerances({}, {}, {}), judge=noise_aware_judge
+    )
     assert c.status == "regressed"
     message = c.message()
     assert "(-30.0% +- " in message and ", 3 runs vs 5, tolerance 10%, limit 10% (the tolerance;" in message
