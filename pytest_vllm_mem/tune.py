@@ -432,6 +432,9 @@ def tune(state: Session, config: VLLMConfig, *, low: float | None = None, high: 
     "starting trial" line before each startup and a result line after it through `out`. Raises TuneError for input
     that cannot be searched (before any startup); KeyboardInterrupt stops the running server on its way out.
     """
+    if getattr(state.settings, "vllm_preflight", False):
+        raise TuneError("the tuner starts a server per trial and --vllm-preflight starts none: run it without "
+                        "--vllm-preflight, or plan the utilization range with `python -m pytest_vllm_mem plan`.")
     if config.flag(UTILIZATION_FLAG) is not None:
         raise TuneError(f"the config sets {UTILIZATION_FLAG}={config.flag(UTILIZATION_FLAG)}: that is the value "
                         "the tuner searches; remove it and give the range with low/high instead.")
