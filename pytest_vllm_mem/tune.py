@@ -432,7 +432,7 @@ def tune(state: Session, config: VLLMConfig, *, low: float | None = None, high: 
     "starting trial" line before each startup and a result line after it through `out`. Raises TuneError for input
     that cannot be searched (before any startup); KeyboardInterrupt stops the running server on its way out.
     """
-    if getattr(state.settings, "vllm_preflight", False):
+    if getattr(getattr(state, "settings", None), "vllm_preflight", False):  # stand-in states have no settings
         raise TuneError("the tuner starts a server per trial and --vllm-preflight starts none: run it without "
                         "--vllm-preflight, or plan the utilization range with `python -m pytest_vllm_mem plan`.")
     if config.flag(UTILIZATION_FLAG) is not None:
