@@ -521,7 +521,9 @@ def _elapsed(seconds: float) -> str:
 def _peak(peak: int, tier_bytes: int | None, tier_name: str) -> str:
     text = f"peak {format_bytes(peak)}"
     if tier_bytes:
-        text += f" of the {tier_name or format_bytes(tier_bytes)} tier ({100 * peak / tier_bytes:.0f}%)"
+        # "auto" is the device's own size: say how much that is
+        size = f", {format_bytes(tier_bytes)}" if tier_name.startswith("auto") or not tier_name else ""
+        text += f" of the {tier_name.split()[0] if tier_name else 'device'} tier{size} ({100 * peak / tier_bytes:.0f}%)"
     return text
 
 

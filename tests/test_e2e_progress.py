@@ -35,7 +35,7 @@ def test_reused(vllm_server):
 
 HEADER = re.compile(r"\[vllm-mem\] (\S+): starting (.+) \(at (\d\d):(\d\d):(\d\d)\.(\d), log (.+)\)$")
 PHASE = re.compile(r"\[vllm-mem\]   \+(\d+\.\d)s (.+?)(?: \((.*)\))?$")
-READY = re.compile(r"\[vllm-mem\]   ready in (\d+\.\d)s: (.*); peak (.+?) of the (.+) tier \((\d+)%\)$")
+READY = re.compile(r"\[vllm-mem\]   ready in (\d+\.\d)s: (.*); peak (.+?) of the (\S+) tier(?:, ([^()]+))? \((\d+)%\)$")
 TICK = re.compile(r"\[vllm-mem\]   load 1: (\d+)/96 done, (\d+) failed, (\d+) tok/s, peak (.+)$")
 DONE = re.compile(
     r"\[vllm-mem\]   load 1 done: (\d+)/96 in (\d+\.\d)s, (\d+) failed, (\d+\.\d) output tok/s, "
@@ -98,8 +98,9 @@ def test_progress_of_a_real_startup_and_load(pytester: pytest.Pytester) -> None:
         in ready.group(2)
     )
     assert ready.group(3) == format_bytes(fits["startup"]["peak_memory_bytes"])
-    assert ready.group(4) == fits["tier"]
-    assert int(ready.group(5)) == round(100 * fits["startup"]["peak_memory_bytes"] / fits["tier_bytes"])
+    assert ready.group(4) == fits["tier"].split()[0]  # "24gb", or "auto" with the size after it
+    assert ready.group(5) in (None, format_bytes(fits["tier_bytes"]))
+    assert int(ready.group(6)) == round(100 * fits["startup"]["peak_memory_bytes"] / fits["tier_bytes"])
 
     load = fits["loads"][0]
     (done,) = [DONE.match(line) for line in lines if DONE.match(line)]
