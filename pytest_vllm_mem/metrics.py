@@ -127,7 +127,9 @@ class Metric:
         for source in sources:
             value = _walk(source, path)
             if _is_number(value) and value:
-                values.append(float(value) * self.scale)
+                scaled = float(value) * self.scale
+                # Whole bytes: vLLM's GiB figures have two decimals, and "17813376860.16" bytes reads badly in a diff.
+                values.append(float(round(scaled)) if self.unit == "bytes" else scaled)
         return values
 
 
