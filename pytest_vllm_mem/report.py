@@ -249,8 +249,9 @@ class ReportWriter:
             self._write(settings.vllm_results, json.dumps(self.results_document(records), indent=2) + "\n",
                         "--vllm-results")
         markdown_dir = settings.vllm_markdown.parent if settings.vllm_markdown else None
-        markdown = (markdown_table(records, self.header(records), markdown_dir) + upgrade_markdown(records)
-                    if records else "")
+        upgrade = upgrade_markdown(records)
+        markdown = markdown_table(records, self.header(records), markdown_dir) if records else ""
+        markdown += f"\n{upgrade}" if upgrade else ""  # a blank line ends the table before the next heading
         if settings.vllm_markdown and records:
             self._write(settings.vllm_markdown, markdown, "--vllm-markdown")
         summary = os.environ.get("GITHUB_STEP_SUMMARY")

@@ -364,7 +364,7 @@ def test_upgrade_report_in_markdown_json_and_terminal(writer: ReportWriter, tmp_
     regressed = [markup for text, markup in terminal.lines if text.strip().startswith("output_throughput")]
     assert regressed == [{"red": True}]
     writer.write_all([record])
-    assert "#### vLLM upgrade 0.27.1 -> 0.32.0" in (tmp_path / "summary.md").read_text()
+    assert "|\n\n#### vLLM upgrade 0.27.1 -> 0.32.0" in (tmp_path / "summary.md").read_text()
 
 
 def test_no_upgrade_report_without_a_version_change(writer: ReportWriter, tmp_path: Path) -> None:
