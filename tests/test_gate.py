@@ -278,3 +278,29 @@ def test_the_session_reads_the_baseline_file_once(state: FakeState, baseline: Pa
     baseline.write_text("[1, 2]")  # changed (or broken) behind the session's back: the session keeps what it read
     assert evaluate_record(state, make_record(test_id="t.py::test_other"), {}) is None
     assert FakeState(state.settings).gate.store is not state.gate.store
+
+
+def cpu_record(node_gib: float, kv_gib: float, tokens: int, peak_gib: float) -> TestRecord:
+    """An untiered CPU run at utilization 0.1 as the CPU worker logs it (requested = node x 0.1)."""
+    record = make_record(load(peak=round(peak_gib * GIB)), tier="auto", tier_bytes=round(node_gib * GIB))
+    record.backend, record.device = "cpu", "AMD EPYC"
+    record.startup["peak_memory_bytes"] = round(peak_gib * GIB)
+    record.memory = {"kv_cache_tokens": tokens, "kv_cache_gib": kv_gib, "device_total_gib": node_gib,
+                     "requested_gib": round(node_gib * 0.1, 2)}
+    return record
+
+
+def test_an_untiered_cpu_run_on_a_resized_node_is_gated_against_the_replanned_baseline(
+        state: FakeState, baseline: Path) -> None:
+    state.tier = SimpleNamespace(auto=True)
+    write_baseline(baseline, cpu_record(8.8, 0.21, 100_000, 1.5))
+    # The node grew to 14 GiB between runs: vLLM gave the KV cache 0.52 GiB more; the same config is healthy.
+    grown = cpu_record(14.0, 0.73, 347_619, 2.02)
+    assert evaluate_record(state, grown, {}) is None
+    kv = {c["metric"]: c for c in grown.comparisons}["kv_cache_tokens"]
+    assert kv["status"] == "ok" and kv["recorded"] == 100_000 and "14.00 GiB of device memory now" in kv["note"]
+    # On that node a release whose non-KV memory grew by 0.3 GiB fails, with the re-plan said in the failure.
+    heavier = cpu_record(14.0, 0.43, 204_762, 2.02)
+    failure = evaluate_record(state, heavier, {})
+    assert failure is not None and "kv_cache_tokens" in failure and "re-planned from 100,000 tokens" in failure
+    assert "8.80 GiB when the baseline was recorded" in failure
