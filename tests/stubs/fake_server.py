@@ -19,7 +19,13 @@ def arg(name: str, default: str) -> str:
     return argv[argv.index(name) + 1] if name in argv[:-1] else default
 
 
-MODEL = arg("--served-model-name", arg("--model", "stub"))
+def model() -> str:
+    """The model, positional as `vllm serve` takes it (sys.argv[1]); --model as older launches passed it."""
+    argv = sys.argv[1:]
+    return argv[0] if argv[:1] and not argv[0].startswith("-") else arg("--model", "stub")
+
+
+MODEL = arg("--served-model-name", model())
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -26,6 +26,12 @@ def arg(name: str, default: str) -> str:
     return argv[argv.index(name) + 1] if name in argv[:-1] else default
 
 
+def model() -> str:
+    """The model, positional as `vllm serve` takes it (sys.argv[1]); --model as older launches passed it."""
+    argv = sys.argv[1:]
+    return argv[0] if argv[:1] and not argv[0].startswith("-") else arg("--model", "stub")
+
+
 def main() -> None:
     if os.environ.get("HANG_IGNORE_TERM"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -40,7 +46,7 @@ def main() -> None:
         with open(os.environ["HANG_PIDS_FILE"], "w") as handle:
             handle.write(f"{pid} {child.pid} {detached.pid}\n")
     print(f"(EngineCore pid={child.pid}) INFO [core.py:133] Initializing a V1 LLM engine (v0.0.0-stub)", flush=True)
-    print(f"(Worker pid={child.pid}) INFO [cpu_model_runner.py:68] Starting to load model {arg('--model', '?')}...",
+    print(f"(Worker pid={child.pid}) INFO [cpu_model_runner.py:68] Starting to load model {model()}...",
           flush=True)
     print(f"(Worker pid={child.pid}) INFO [stub] waiting for a lock that is never released", flush=True)
     time.sleep(3600)
