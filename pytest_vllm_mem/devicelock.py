@@ -22,16 +22,23 @@ import filelock
 from .memory import DeviceInfo
 
 LOCK_DIR_VAR = "PYTEST_VLLM_MEM_LOCK_DIR"  # where the lock files live; default: <tmp>/pytest-vllm-mem-locks
-SWITCH_VAR = "PYTEST_VLLM_MEM_DEVICE_LOCK"  # "off": startups are not serialized (servers known not to interfere)
-_SWITCH = {"on": True, "1": True, "true": True, "yes": True, "off": False, "0": False, "false": False, "no": False}
+# auto (default): GPUs only. A CPU server checks its KV cache against the node's available memory but sizes it from
+# the total, so concurrent CPU startups do not mis-size each other; serializing them would make every session on a
+# shared host (stub servers included) wait for whichever vLLM is starting. on: CPUs too. off: nothing is serialized.
+SWITCH_VAR = "PYTEST_VLLM_MEM_DEVICE_LOCK"
+_SWITCH = {"auto": "auto", "on": "on", "1": "on", "true": "on", "yes": "on",
+           "off": "off", "0": "off", "false": "off", "no": "off"}
 
 
-def enabled() -> bool:
-    value = os.environ.get(SWITCH_VAR, "on").strip().lower()
+def locked_devices(devices: Sequence[DeviceInfo]) -> list[DeviceInfo]:
+    """The devices whose startups the switch serializes."""
+    value = os.environ.get(SWITCH_VAR, "auto").strip().lower()
     if value not in _SWITCH:
-        raise DeviceLockError(f"{SWITCH_VAR}={os.environ[SWITCH_VAR]!r} is not understood: it turns the per-device "
-                              "startup lock on or off; use on (the default) or off.")
-    return _SWITCH[value]
+        raise DeviceLockError(f"{SWITCH_VAR}={os.environ[SWITCH_VAR]!r} is not understood: it says whose server "
+                              "startups take turns per device; use auto (the default: GPUs), on (GPUs and the CPU "
+                              "host) or off.")
+    mode = _SWITCH[value]
+    return [device for device in devices if mode == "on" or (mode == "auto" and device.backend == "cuda")]
 
 
 def lock_dir() -> Path:
@@ -85,11 +92,9 @@ class DeviceBusyError(DeviceLockError):
 def startup_lock(devices: Sequence[DeviceInfo], timeout_s: float) -> Iterator[list[Wait]]:
     """Hold the startup locks of every device of a server for the body, taken in one order (no deadlock between
     two tensor-parallel servers); waits at most `timeout_s` for each (DeviceBusyError after)."""
-    if not enabled():
-        yield []
-        return
+    keys = sorted({device_key(device) for device in locked_devices(devices)})
     with ExitStack() as stack:
-        yield [stack.enter_context(_lock_one(key, timeout_s)) for key in sorted({device_key(d) for d in devices})]
+        yield [stack.enter_context(_lock_one(key, timeout_s)) for key in keys]
 
 
 def notes(waits: Sequence[Wait]) -> list[str]:

@@ -149,7 +149,8 @@ def _log_times(path: str) -> tuple[str, str]:
 def test_two_workers_asked_to_start_on_one_device_at_once_take_turns(pytester: pytest.Pytester) -> None:
     """vLLM #10643 and #55827: startups that overlap on one device mis-size each other's KV cache."""
     pytester.makepyfile(test_inner=TURNS)
-    result, data = run_inner(pytester, "-n", "2", "--dist", "load")
+    # This machine has no GPU: the CPU host is the device (startups on CPUs take turns only when asked).
+    result, data = run_inner(pytester, "-n", "2", "--dist", "load", env={"PYTEST_VLLM_MEM_DEVICE_LOCK": "on"})
     result.assert_outcomes(passed=2)
     one, two = sorted((json.loads((pytester.path / f"{case}.json").read_text()) for case in ("one", "two")),
                       key=lambda server: server["launched"])

@@ -63,7 +63,7 @@ PYTEST = textwrap.dedent('''
     lifeline().watch(server.pid)
     while not os.path.exists(sys.argv[2] + ".child") or not os.path.exists(sys.argv[2]):
         time.sleep(0.05)
-    time.sleep(2 * module.PERIOD_S + 0.2)  # the watchdog has noted the segments
+    time.sleep(2 * module.PERIOD_S + 2)  # the watchdog has started (a loaded machine: seconds) and noted the segments
     watchdog = lifeline().pid()
     if sys.argv[3] == "release":
         procs = [psutil.Process(server.pid), *psutil.Process(server.pid).children(recursive=True)]
@@ -295,7 +295,7 @@ def test_an_unusable_lock_folder_degrades_to_a_note(tmp_path: Path, monkeypatch:
     blocker = tmp_path / "file"
     blocker.write_text("")
     monkeypatch.setenv(devicelock.LOCK_DIR_VAR, str(blocker / "locks"))  # a folder under a file
-    with devicelock.startup_lock([DeviceInfo("cpu", "cpu", 1, None)], timeout_s=1) as waits:
+    with devicelock.startup_lock([DeviceInfo("cuda", "H200", 1, 0, "GPU-a")], timeout_s=1) as waits:
         assert not waits[0].locked
     assert "not serialized" in devicelock.notes(waits)[0]
 
@@ -314,12 +314,19 @@ def test_device_keys() -> None:
         os.environ.pop(devicelock.LOCK_DIR_VAR, None)
 
 
-def test_the_lock_can_be_turned_off_and_a_bad_switch_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    device = DeviceInfo("cpu", "cpu", 1, None)
-    monkeypatch.setenv(devicelock.SWITCH_VAR, "off")
-    with devicelock.startup_lock([device], timeout_s=1) as waits:
-        assert waits == []
+def test_gpus_take_turns_by_default_cpus_when_asked_and_a_bad_switch_is_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(devicelock.LOCK_DIR_VAR, str(tmp_path / "locks"))
+    cpu, gpu = DeviceInfo("cpu", "cpu", 1, None), DeviceInfo("cuda", "H200", 1, 0, "GPU-a")
+    for switch, keys in [(None, ["GPU-a"]), ("auto", ["GPU-a"]), ("on", ["GPU-a", devicelock.device_key(cpu)]),
+                         ("off", [])]:
+        if switch is None:
+            monkeypatch.delenv(devicelock.SWITCH_VAR, raising=False)
+        else:
+            monkeypatch.setenv(devicelock.SWITCH_VAR, switch)
+        with devicelock.startup_lock([cpu, gpu], timeout_s=1) as waits:
+            assert sorted(wait.key for wait in waits) == sorted(keys), switch
     monkeypatch.setenv(devicelock.SWITCH_VAR, "sometimes")
-    with pytest.raises(devicelock.DeviceLockError, match="PYTEST_VLLM_MEM_DEVICE_LOCK='sometimes'.*on .*or off"):
-        with devicelock.startup_lock([device], timeout_s=1):
+    with pytest.raises(devicelock.DeviceLockError, match="PYTEST_VLLM_MEM_DEVICE_LOCK='sometimes'.*auto .*on .*off"):
+        with devicelock.startup_lock([gpu], timeout_s=1):
             pass
