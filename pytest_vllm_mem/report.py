@@ -221,7 +221,7 @@ class ReportWriter:
             return f"tier {first.tier}, {first.backend} device {first.device}, vLLM {first.vllm_version}"
         device = state.device
         return (f"tier {state.tier.name}, {device.backend} device {device.name} "
-                f"({format_bytes(device.total_bytes)}), vLLM {state.parser_table.version}")
+                f"({format_bytes(device.total_bytes)}), vLLM {state.known_vllm_version or 'unknown'}")
 
     def finish_record(self, record: TestRecord, server: VLLMServer | None) -> None:
         """Per-test work at teardown (plots of the timeline of the test's server)."""

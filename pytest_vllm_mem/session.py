@@ -265,8 +265,8 @@ class Session:
             notes.append(f"model {config.model} replaced by {model} (--vllm-model-override)"
                          + (f", dropped its checkpoint flags {', '.join(dropped)}" if dropped else ""))
         launched = VLLMConfig(self.resolve_model(model), env=config.env, **flags)
-        launched, emulation = emulate_tier(launched, self.tier, self.device_total_now(launched),
-                                           self.default_utilization())
+        default_utilization = self.default_utilization()  # vLLM's flag table first: a broken --vllm-python stops here
+        launched, emulation = emulate_tier(launched, self.tier, self.device_total_now(launched), default_utilization)
         if emulation is not None:
             notes.append(emulation.describe())
         return launched, emulation, notes
