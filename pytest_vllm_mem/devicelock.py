@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
 import filelock
 
 from .memory import DeviceInfo

@@ -15,8 +15,8 @@ crashed) gets the same segment clean-up when pytest says so.
 
 Why not PR_SET_PDEATHSIG in the server: it fires when the *thread* that forked exits, needs preexec_fn (unsafe with
 threads), covers the API server only (vLLM 0.32's EngineCore has no parent-death watch of its own: no prctl, no
-parent check in v1/engine/core.py), and leaves the segments. Linux first: the segment clean-up reads /proc; without it (macOS) processes are
-still stopped; where sessions do not exist (Windows) the lifeline is off.
+parent check in v1/engine/core.py), and leaves the segments. Linux first: the segment clean-up reads /proc;
+without it (macOS) processes are still stopped; where sessions do not exist (Windows) the lifeline is off.
 """
 
 from __future__ import annotations

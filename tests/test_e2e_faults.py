@@ -17,8 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-
-from e2e import CACHE_DIR, TOKEN_VAR, SessionWatcher, processes_with_token, record, run_inner
+from e2e import CACHE_DIR, TOKEN_VAR, SessionWatcher, processes_with_token, run_inner
 from stubs.helpers import kill_quietly, popen_pytest, running
 
 pytestmark = pytest.mark.e2e
@@ -162,7 +161,8 @@ def test_two_workers_asked_to_start_on_one_device_at_once_take_turns(pytester: p
     assert second_log[0] >= first_log[1], (first_log, second_log)  # the logs agree
     waited = [note for test in data["tests"] for note in test.get("notes", []) if "waited" in note]
     assert len(waited) == 1 and "another server's startup on this device" in waited[0], data["tests"]
-    print(f"[faults] two workers, one device: first server launched 0.00 s, healthy {one['healthy'] - one['launched']:.2f}"
-          f" s; second launched {two['launched'] - one['launched']:.2f} s, healthy "
+    print(f"[faults] two workers, one device: first server launched 0.00 s, healthy "
+          f"{one['healthy'] - one['launched']:.2f} s; second launched {two['launched'] - one['launched']:.2f} s, "
+          f"healthy "
           f"{two['healthy'] - one['launched']:.2f} s (logs {first_log[0]}..{first_log[1]} and "
           f"{second_log[0]}..{second_log[1]}); {waited[0]}")

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from stubs.helpers import kill_quietly, running
 
 from pytest_vllm_mem import devicelock, lifeline
 from pytest_vllm_mem.memory import DeviceInfo
-
-from stubs.helpers import kill_quietly, running
 
 linux_only = pytest.mark.skipif(not Path("/proc/self/maps").exists() or not Path("/dev/shm").is_dir(),
                                 reason="the segment clean-up reads /proc and /dev/shm (Linux)")
@@ -160,7 +159,8 @@ def test_a_segment_another_live_process_maps_is_never_removed(tmp_path: Path) ->
     shm = shared_memory.SharedMemory(create=True, size=4096)
     resource_tracker.unregister(shm._name, "shared_memory")
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom multiprocessing import shared_memory\n"
-                               "from multiprocessing import resource_tracker\ns = shared_memory.SharedMemory(name=sys.argv[1])\n"
+                               "from multiprocessing import resource_tracker\n"
+                               "s = shared_memory.SharedMemory(name=sys.argv[1])\n"
                                "resource_tracker.unregister(s._name, 'shared_memory')\nprint('ok', flush=True)\n"
                                "time.sleep(600)", shm.name], stdout=subprocess.PIPE)
     try:
@@ -284,11 +284,11 @@ def test_a_killed_holder_frees_the_device_at_once(tmp_path: Path) -> None:
 def test_a_lock_held_too_long_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(devicelock.LOCK_DIR_VAR, str(tmp_path / "locks"))
     device = DeviceInfo("cuda", "GPU", 1, 3, None)
-    with devicelock.startup_lock([device], timeout_s=5):
-        # filelock's locks are per open file: a second one in this process waits as another process would
-        with pytest.raises(devicelock.DeviceBusyError, match=r"gpu-index-3.*held by pid \d+"):
-            with devicelock.startup_lock([device], timeout_s=0.3):
-                pass
+    # filelock's locks are per open file: a second one in this process waits as another process would
+    with devicelock.startup_lock([device], timeout_s=5), \
+            pytest.raises(devicelock.DeviceBusyError, match=r"gpu-index-3.*held by pid \d+"), \
+            devicelock.startup_lock([device], timeout_s=0.3):
+        pass
 
 
 def test_an_unusable_lock_folder_degrades_to_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -327,6 +327,6 @@ def test_gpus_take_turns_by_default_cpus_when_asked_and_a_bad_switch_is_named(
         with devicelock.startup_lock([cpu, gpu], timeout_s=1) as waits:
             assert sorted(wait.key for wait in waits) == sorted(keys), switch
     monkeypatch.setenv(devicelock.SWITCH_VAR, "sometimes")
-    with pytest.raises(devicelock.DeviceLockError, match="PYTEST_VLLM_MEM_DEVICE_LOCK='sometimes'.*auto .*on .*off"):
-        with devicelock.startup_lock([gpu], timeout_s=1):
-            pass
+    with pytest.raises(devicelock.DeviceLockError, match="PYTEST_VLLM_MEM_DEVICE_LOCK='sometimes'.*auto .*on .*off"), \
+            devicelock.startup_lock([gpu], timeout_s=1):
+        pass
