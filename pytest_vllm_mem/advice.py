@@ -235,6 +235,16 @@ def _host_memory(diagnosis: Diagnosis, config: "VLLMConfig", memory: StartupMemo
             f"size the CPU KV cache directly: env VLLM_CPU_KVCACHE_SPACE=1 (GiB; the node has "
             f"{figures.get('available_gib', 0):.2f} GiB available)",
         ]
+    if kv is not None and kv <= 0 and non_kv is not None and "min_gpu_memory_utilization" in figures:
+        # vLLM 0.33 prints no node total here, but names the least utilization that holds the worker (rounded up).
+        minimum = figures["min_gpu_memory_utilization"]
+        target = max(_ceil_to(minimum * 1.25, 0.05), round(current + 0.05, 2))
+        return [
+            f"gpu_memory_utilization {shown} -> {_fmt(target)} (on CPU it sets the worker's share of the node: "
+            f"{figures.get('requested_gib', 0):.2f} GiB now, but the worker already uses {non_kv:.2f} GiB before "
+            f"its KV cache; vLLM needs more than {_fmt(minimum)})",
+            "size the CPU KV cache directly: env VLLM_CPU_KVCACHE_SPACE=1 (GiB) or --kv-cache-memory-bytes",
+        ]
     if kv is not None and total and figures.get("available_gib") is not None:
         available = figures["available_gib"]
         if "requested_gib" not in figures:  # explicit size: --kv-cache-memory-bytes or VLLM_CPU_KVCACHE_SPACE

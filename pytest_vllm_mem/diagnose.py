@@ -314,6 +314,7 @@ _DEVICE_OOM = re.compile(
 )
 _HOST_OOM = re.compile(
     r"on kv cache\s*allocation is less than requested memory for kv|Cannot allocate memory|std::bad_alloc"
+    r"|reserved for it on node \d+, leaving none\s*for the KV cache"
     r"|DefaultCPUAllocator: can't allocate memory|(?<![A-Za-z])MemoryError\b"
 )
 
@@ -656,14 +657,35 @@ _CPU_EXPLICIT_SHORT = re.compile(
 )
 
 
+# 0.33's CPU worker checks its own footprint first (v1/worker/cpu_worker.py): weights and runtime already fill the
+# reservation (utilization x node memory), so no KV cache is left, and it names the utilization that would fit.
+_CPU_WORKER_OVER = re.compile(
+    rf"The worker already uses ({_NUM}) GiB \(model weights and runtime\), more than the\s+({_NUM}) GiB of CPU memory"
+    rf"\s+reserved for it on node (\d+), leaving none\s*for the KV cache"
+    rf"(?:.*?increase `?--gpu-memory-utilization`? to more than ({_NUM}))?"
+)
+
+
 def _host_memory(lines: Sequence[_Line], hit: _Line) -> Diagnosis:
     related = _related(lines, _HOST_OOM)
     joined = " ".join(related)
     auto = _CPU_AUTO_SHORT.search(joined)
     explicit = _CPU_EXPLICIT_SHORT.search(joined)
+    over = _CPU_WORKER_OVER.search(_following(lines, hit))
     figures: dict[str, float] = {}
     phase: str | None = None
-    if auto:
+    if over:
+        phase = "kv_cache_allocation"
+        consumed, requested = float(over.group(1)), float(over.group(2))
+        # kv_requested_gib <= 0 as in the older message's negative share: tune and advice read it as "too low".
+        figures = {"non_kv_gib": consumed, "requested_gib": requested,
+                   "kv_requested_gib": round(requested - consumed, 2)}
+        if over.group(4) is not None:
+            figures["min_gpu_memory_utilization"] = float(over.group(4))
+        summary = (f"the worker's share of host memory on node {over.group(3)} ({requested:.2f} GiB, set by "
+                   f"gpu_memory_utilization) is used up before the KV cache: the worker already uses "
+                   f"{consumed:.2f} GiB (model weights and runtime), leaving none for the KV cache")
+    elif auto:
         phase = "kv_cache_allocation"
         available, total, kv, requested = (float(auto.group(i)) for i in range(2, 6))
         figures = {"available_gib": available, "device_total_gib": total, "kv_requested_gib": kv,

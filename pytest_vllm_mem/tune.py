@@ -38,7 +38,9 @@ OK: Literal["ok"] = "ok"
 Outcome = FailureKind | Literal["ok"]
 
 _TOO_HIGH_KINDS: frozenset[FailureKind] = frozenset({"cuda_oom", "insufficient_free_memory", "tier_exceeded"})
-_TOO_LOW_KINDS: frozenset[FailureKind] = frozenset({"kv_cache_insufficient"})
+# external_weights_over_budget: weights held outside vLLM (another process, IPC) exceed what the utilization grants;
+# a larger utilization grants more (vLLM: "Increase GPU memory utilization or reduce GPU memory used by ...").
+_TOO_LOW_KINDS: frozenset[FailureKind] = frozenset({"kv_cache_insufficient", "external_weights_over_budget"})
 
 GOALS = ("auto", "highest", "lowest")
 # GPU: the question is how much of the card a server may take before it runs out of memory under load.

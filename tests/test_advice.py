@@ -132,6 +132,17 @@ def test_host_memory_cpu_too_low_utilization_raises_it() -> None:
     assert advise(diagnosis, VLLMConfig("m"), memory)[0].startswith("gpu_memory_utilization default 0.02 -> 0.1 ")
 
 
+def test_host_memory_cpu_worker_over_its_reservation_raises_utilization() -> None:
+    # vLLM 0.33's message: no node total, but the least utilization that holds the worker.
+    figures = {"non_kv_gib": 1.37, "requested_gib": 1.25, "kv_requested_gib": -0.12, "min_gpu_memory_utilization": 0.11}
+    diagnosis = Diagnosis("host_memory", "", (), figures, "kv_cache_allocation")
+    assert advise(diagnosis, VLLMConfig("m", gpu_memory_utilization=0.1), None) == [
+        "gpu_memory_utilization 0.1 -> 0.15 (on CPU it sets the worker's share of the node: 1.25 GiB now, but the "
+        "worker already uses 1.37 GiB before its KV cache; vLLM needs more than 0.11)",
+        "size the CPU KV cache directly: env VLLM_CPU_KVCACHE_SPACE=1 (GiB) or --kv-cache-memory-bytes",
+    ]
+
+
 def test_host_memory_cpu_node_short_of_memory_for_auto_kv() -> None:
     diagnosis = Diagnosis("host_memory", "", (), {"available_gib": 2.0, "device_total_gib": 10.0,
                                                   "kv_requested_gib": 8.0, "requested_gib": 9.0, "non_kv_gib": 1.0})

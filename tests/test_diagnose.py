@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -503,3 +504,43 @@ def test_an_oom_in_a_running_servers_log_is_a_serving_one() -> None:
     diagnosis = find_memory_error(text)
     assert diagnosis is not None and (diagnosis.kind, diagnosis.phase) == ("cuda_oom", "serving")
     assert classify_failure(text, 1).phase is None  # a failed start gets no such default
+
+
+def cpu_worker_over_budget(consumed: int, total: int, utilization: float, node: int = 0) -> str:
+    """vLLM 0.33.0's CPU worker failure (v1/worker/cpu_worker.py), its format string filled as vLLM fills it:
+    format_gib is round(bytes / GiB, 2), the reservation ceil(total x utilization), in_use a ceiled percentage."""
+    requested = math.ceil(total * utilization)
+    in_use = math.ceil(consumed / total * 100)
+
+    def gib(b: int) -> str:
+        return f"{round(b / 2**30, 2)}"
+
+    message = (
+        f"The worker already uses {gib(consumed)} GiB "
+        "(model weights and runtime), more than the "
+        f"{gib(requested)} GiB of CPU memory "
+        f"reserved for it on node {node}, leaving none "
+        "for the KV cache. On the CPU backend, the "
+        "`--gpu-memory-utilization` flag controls the fraction of CPU "
+        "memory reserved (despite its name). To resolve: increase "
+        f"`--gpu-memory-utilization` to more than {in_use / 100:.2f}, "
+        "or set the KV cache size explicitly with "
+        "`--kv-cache-memory-bytes` or VLLM_CPU_KVCACHE_SPACE."
+    )
+    return (
+        "(EngineCore pid=4242) ERROR 12-01 09:00:01 [core.py:1120] EngineCore failed to start.\n"
+        "(EngineCore pid=4242) ERROR 12-01 09:00:01 [core.py:1120] Traceback (most recent call last):\n"
+        '(EngineCore pid=4242) ERROR 12-01 09:00:01 [core.py:1120]   File "vllm/v1/worker/cpu_worker.py", line 229\n'
+        f"(EngineCore pid=4242) ERROR 12-01 09:00:01 [core.py:1120] ValueError: {message}\n"
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
+    )
+
+
+def test_cpu_worker_over_its_reservation_is_host_memory_with_figures() -> None:
+    log_text = cpu_worker_over_budget(consumed=int(1.37 * 2**30), total=int(12.5 * 2**30), utilization=0.1)
+    diagnosis = classify_failure(log_text, 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("host_memory", "kv_cache_allocation")
+    assert diagnosis.figures == {"non_kv_gib": 1.37, "requested_gib": 1.25, "kv_requested_gib": -0.12,
+                                 "min_gpu_memory_utilization": 0.11, "returncode": 1.0}
+    assert len(diagnosis.root_cause) == 1 and diagnosis.root_cause[0].startswith("ValueError: The worker already")
+    assert "used up before the KV cache" in diagnosis.summary and "1.37 GiB" in diagnosis.summary

@@ -144,8 +144,11 @@ def test_a_failure_no_utilization_fixes_stops_the_search() -> None:
     ("insufficient_free_memory", {}, False, TOO_HIGH),
     ("tier_exceeded", {}, False, TOO_HIGH),
     ("kv_cache_insufficient", {}, False, TOO_LOW),
+    ("external_weights_over_budget", {"external_gib": 20.0, "requested_gib": 18.0}, False, TOO_LOW),
     ("host_memory", {"kv_requested_gib": -0.62}, False, TOO_LOW),  # the CPU worker's share used up before the KV
     ("host_memory", {"kv_requested_gib": 3.0}, False, TOO_HIGH),  # the reservation did not fit in RAM
+    # vLLM 0.33's CPU worker over its reservation (diagnose: kv_requested_gib = reserved - used, <= 0)
+    ("host_memory", {"non_kv_gib": 1.37, "requested_gib": 1.25, "kv_requested_gib": -0.12}, False, TOO_LOW),
     ("host_memory", {}, True, TOO_HIGH),
     ("crash", {}, True, TOO_HIGH),  # dying under load: the OOM killer looks like this
     ("crash", {}, False, NOT_MEMORY),

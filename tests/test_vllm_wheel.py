@@ -239,6 +239,7 @@ _ALL = {
     "_CPU_REQUESTED": "",
     "_CPU_NON_KV": "",
     "_HOST_OOM": "on kv cache",
+    "_CPU_WORKER_OVER": "",
     "_GPU_TOTALS": "",
     "_GRAPH_POOL": "",
     "_GRAPH_ESTIMATE": "",
@@ -248,6 +249,7 @@ _ALL = {
     "_GENERIC": "Engine core initialization failed",
 }
 _NOT_IN_0_10 = (
+    "_CPU_WORKER_OVER",
     "_CPU_KV",
     "_CPU_REQUESTED",
     "_CPU_NON_KV",
