@@ -464,6 +464,11 @@ _PHASE_WORDS = {
 }
 
 
+def phase_words(phase: str | None) -> str | None:
+    """A phase as a failure message says it ("while allocating the KV cache"); None for one without words."""
+    return _PHASE_WORDS.get(phase) if phase else None
+
+
 def _stage_before(lines: Sequence[_Line], end: int) -> str:
     stage = "starting the API server process"
     for line in lines[:end]:

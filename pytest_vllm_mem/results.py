@@ -23,6 +23,7 @@ class FailureRecord(TypedDict):
 
     kind: FailureKind
     summary: str
+    phase: str | None  # diagnose.PHASES (or "usage"/"arguments" for a bad flag); None where the log shows none
     root_cause: list[str]
     advice: list[str]
     log: str | None  # the server log, None when no server was launched
@@ -117,5 +118,6 @@ class TestRecord:
 
 def failure_dict(diagnosis: Diagnosis, advice: list[str], log_path: Path | None) -> FailureRecord:
     """A failure as the record (and the results JSON) keeps it."""
-    return {"kind": diagnosis.kind, "summary": diagnosis.summary, "root_cause": list(diagnosis.root_cause),
+    return {"kind": diagnosis.kind, "summary": diagnosis.summary, "phase": diagnosis.phase,
+            "root_cause": list(diagnosis.root_cause),
             "advice": list(advice), "log": str(log_path) if log_path else None}

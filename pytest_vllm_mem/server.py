@@ -27,7 +27,7 @@ from .advice import render_steps
 from .compile_cache import compile_cache_env, note_aot_load_failure
 from .config import VLLMConfig, is_secret_key
 from .devicelock import DeviceLockError, notes as lock_notes, startup_lock
-from .diagnose import Diagnosis, StartupMemory, classify_failure, parse_startup_memory, timeout_diagnosis
+from .diagnose import Diagnosis, StartupMemory, classify_failure, parse_startup_memory, phase_words, timeout_diagnosis
 from .kinds import FailureKind
 from .lifeline import lifeline
 from .memory import DeviceInfo, MemoryProbe, MemorySampler, NvmlError
@@ -93,7 +93,11 @@ class VLLMStartupError(Exception):
         super().__init__(self.render())
 
     def render(self) -> str:
-        lines = [f"vLLM startup failed [{self.kind}] after {self.startup.duration_s:.1f}s: {self.diagnosis.summary}"]
+        # The phase, unless the summary says it already (a device OOM's does).
+        where = phase_words(self.diagnosis.phase)
+        where = f" ({where})" if where and where not in self.diagnosis.summary else ""
+        lines = [f"vLLM startup failed [{self.kind}] after {self.startup.duration_s:.1f}s{where}: "
+                 f"{self.diagnosis.summary}"]
         if self.diagnosis.root_cause:
             lines.append("root cause (from the server log):" if self.log_path else "root cause:")
             lines += [f"    {line}" for line in self.diagnosis.root_cause]

@@ -544,3 +544,18 @@ def test_cpu_worker_over_its_reservation_is_host_memory_with_figures() -> None:
                                  "min_gpu_memory_utilization": 0.11, "returncode": 1.0}
     assert len(diagnosis.root_cause) == 1 and diagnosis.root_cause[0].startswith("ValueError: The worker already")
     assert "used up before the KV cache" in diagnosis.summary and "1.37 GiB" in diagnosis.summary
+
+
+def test_the_startup_error_names_the_phase_unless_the_summary_does() -> None:
+    from pytest_vllm_mem.config import VLLMConfig
+    from pytest_vllm_mem.results import failure_dict
+    from pytest_vllm_mem.server import StartupOutcome, VLLMStartupError
+
+    host = classify_failure(cpu_worker_over_budget(int(1.37 * 2**30), int(12.5 * 2**30), 0.1), 1)
+    error = VLLMStartupError(host, VLLMConfig("m"), None, StartupOutcome(False, host.kind, 3.0, 0))
+    assert str(error).startswith("vLLM startup failed [host_memory] after 3.0s (while allocating the KV cache): ")
+    assert failure_dict(host, [], None)["phase"] == "kv_cache_allocation"
+    oom = Diagnosis("cuda_oom", "vLLM ran out of device memory while allocating the KV cache", (), {},
+                    "kv_cache_allocation")
+    said = str(VLLMStartupError(oom, VLLMConfig("m"), None, StartupOutcome(False, oom.kind, 3.0, 0)))
+    assert said.splitlines()[0] == "vLLM startup failed [cuda_oom] after 3.0s: " + oom.summary
