@@ -14,7 +14,7 @@ memory) ends the search with that diagnosis instead of a wrong answer.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -75,10 +75,11 @@ class Trial:
     outcome: Outcome
     side: str
     summary: str = ""
-    peak_memory_bytes: int | None = None
+    peak_memory_bytes: int | None = None  # the server's total over its devices
     kv_cache_tokens: int | None = None
     output_throughput: float | None = None
     duration_s: float = 0.0
+    largest_gpu_peak_bytes: int | None = None  # the fullest GPU's peak: what a tier limits; None without per-GPU
     phase: str = "startup"  # where it failed: "startup", "load" or "peak"; "" when ok
     log_path: str | None = None
     advice: list[str] = field(default_factory=list)
@@ -88,10 +89,17 @@ class Trial:
     def ok(self) -> bool:
         return self.outcome == OK
 
+    @property
+    def tier_peak_bytes(self) -> int | None:
+        """The peak held against the tier: a tier is one GPU's memory, so the fullest GPU's (a TP=2 server spreads
+        its total over two); the total on the CPU backend and for a single device."""
+        return self.largest_gpu_peak_bytes if self.largest_gpu_peak_bytes is not None else self.peak_memory_bytes
+
     def to_dict(self) -> dict[str, Any]:
         return {"number": self.number, "gpu_memory_utilization": self.utilization, "outcome": self.outcome,
                 "side": self.side, "phase": self.phase, "summary": self.summary,
-                "peak_memory_bytes": self.peak_memory_bytes, "kv_cache_tokens": self.kv_cache_tokens,
+                "peak_memory_bytes": self.peak_memory_bytes, "largest_gpu_peak_bytes": self.largest_gpu_peak_bytes,
+                "kv_cache_tokens": self.kv_cache_tokens,
                 "output_throughput": self.output_throughput, "duration_s": round(self.duration_s, 2),
                 "log": self.log_path, "advice": list(self.advice)}
 
@@ -274,6 +282,11 @@ def _verdict(goal: str, order: list[float], trials: list[Trial], best: Trial | N
 # Real trials: a fresh vLLM server per value, through the session state.
 
 
+def largest_gpu_peak(*per_gpu: Sequence[int]) -> int | None:
+    """The fullest GPU's peak over per-GPU series (startup, load); None where none has per-GPU figures (CPU)."""
+    return max((peak for series in per_gpu for peak in series), default=None)
+
+
 def run_trial(state: Session, config: VLLMConfig, utilization: float, load: LoadSpec, tier: Tier,
               out: Callable[[str], None] = print) -> Trial:
     """Start `config` at `utilization` (in terms of the tier), run `load`, check the peak, stop the server."""
@@ -287,6 +300,7 @@ def run_trial(state: Session, config: VLLMConfig, utilization: float, load: Load
             memory = getattr(error, "memory", None)
             return Trial(utilization, error.kind, failure_side(error.kind, error.diagnosis.figures),
                          summary=error.diagnosis.summary, peak_memory_bytes=error.startup.peak_memory_bytes or None,
+                         largest_gpu_peak_bytes=largest_gpu_peak(error.startup.peak_memory_per_gpu),
                          kv_cache_tokens=memory.kv_cache_tokens if memory else None,
                          duration_s=time.monotonic() - started,
                          log_path=str(error.log_path) if error.log_path else None, advice=list(error.advice))
@@ -299,7 +313,10 @@ def run_trial(state: Session, config: VLLMConfig, utilization: float, load: Load
                                max_tokens=load.max_tokens, prompt_len=load.prompt_len, timeout_s=load.timeout_s)
         startup_peak = server.startup.peak_memory_bytes if server.startup else 0
         peak = max(startup_peak, result.peak_memory_bytes or 0) or None
+        largest = largest_gpu_peak(server.startup.peak_memory_per_gpu if server.startup else (),
+                                   result.peak_memory_per_gpu)
         trial = Trial(utilization, OK, OK, peak_memory_bytes=peak, kv_cache_tokens=kv_tokens,
+                      largest_gpu_peak_bytes=largest,
                       output_throughput=result.output_throughput, phase="", log_path=str(server.log_path))
         if result.failure is not None:
             failure = result.failure
@@ -311,10 +328,11 @@ def run_trial(state: Session, config: VLLMConfig, utilization: float, load: Load
             trial.outcome, trial.side, trial.phase = "load_errors", NOT_MEMORY, "load"
             trial.summary = (f"{result.failed} of {result.num_prompts} requests failed with the server alive and no "
                              f"memory error in its log (first: {first})")
-        elif peak is not None and peak > tier.bytes:
+        elif (tier_peak := trial.tier_peak_bytes) is not None and tier_peak > tier.bytes:
             trial.outcome, trial.side, trial.phase = "tier_exceeded", TOO_HIGH, "peak"
-            trial.summary = (f"peak {format_bytes(peak)} exceeds the {tier} tier ({format_bytes(tier.bytes)}) by "
-                             f"{format_bytes(peak - tier.bytes)}")
+            fullest = "" if largest is None or largest == peak else "on the fullest GPU "
+            trial.summary = (f"peak {fullest}{format_bytes(tier_peak)} exceeds the {tier} tier "
+                             f"({format_bytes(tier.bytes)}) by {format_bytes(tier_peak - tier.bytes)}")
         trial.duration_s = time.monotonic() - started
         return trial
     finally:
@@ -344,6 +362,8 @@ def trial_line(trial: Trial, max_startups: int) -> str:
              f"{trial.outcome:<12}"]
     if trial.peak_memory_bytes:
         parts.append(f"peak {format_bytes(trial.peak_memory_bytes)}")
+        if trial.largest_gpu_peak_bytes is not None and trial.largest_gpu_peak_bytes != trial.peak_memory_bytes:
+            parts[-1] += f" (fullest GPU {format_bytes(trial.largest_gpu_peak_bytes)})"
     if trial.kv_cache_tokens:
         parts.append(f"KV {trial.kv_cache_tokens:,} tokens")
     if trial.output_throughput:
@@ -385,9 +405,9 @@ class TuneResult:
     @property
     def headroom_bytes(self) -> int | None:
         best = self.search.best
-        if best is None or not best.peak_memory_bytes:
+        if best is None or not best.tier_peak_bytes:
             return None
-        return self.tier.bytes - best.peak_memory_bytes
+        return self.tier.bytes - best.tier_peak_bytes
 
     def summary_lines(self) -> list[str]:
         search = self.search
@@ -398,9 +418,10 @@ class TuneResult:
                          f"({failing.outcome})")
         if best is not None:
             headroom = ""
-            if best.peak_memory_bytes:
-                headroom = (f"  (headroom: peak {format_bytes(best.peak_memory_bytes)} of the {self.tier} tier = "
-                            f"{format_bytes(self.tier.bytes - best.peak_memory_bytes)} free)")
+            if best.tier_peak_bytes:
+                fullest = "" if best.tier_peak_bytes == best.peak_memory_bytes else " on the fullest GPU"
+                headroom = (f"  (headroom: peak{fullest} {format_bytes(best.tier_peak_bytes)} of the {self.tier} "
+                            f"tier = {format_bytes(self.tier.bytes - best.tier_peak_bytes)} free)")
             lines.append(f"recommended: {self.recommended_config}{headroom}")
         lines.append(f"{len(search.trials)} startups in {self.duration_s:.0f} s")
         return lines

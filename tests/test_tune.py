@@ -19,6 +19,7 @@ from pytest_vllm_mem.server import StartupOutcome, VLLMStartupError
 from pytest_vllm_mem.tiers import Tier
 from pytest_vllm_mem.tune import (NOT_MEMORY, OK, TOO_HIGH, TOO_LOW, LoadSpec, Trial, TuneError, candidate_values,
                                   failure_side, run_trial, search, trial_line, tune)
+from pytest_vllm_mem.units import format_bytes
 
 GIB = 2**30
 
@@ -181,10 +182,11 @@ class FakeServer:
     peak: int
     memory: StartupMemory = field(default_factory=lambda: StartupMemory(kv_cache_tokens=120_000))
     log_path: Path = Path("server.log")
+    per_gpu: tuple[int, ...] = ()
 
     @property
     def startup(self) -> StartupOutcome:
-        return StartupOutcome(True, "started", 30.0, self.peak)
+        return StartupOutcome(True, "started", 30.0, self.peak, self.per_gpu)
 
 
 class FakePool:
@@ -390,3 +392,29 @@ def test_exit_codes_follow_the_recommendation(monkeypatch: pytest.MonkeyPatch, t
                      "--cache-dir", str(tmp_path)]) == 0
     assert '"recommended_utilization": 0.4' in out.read_text()
     assert cli.main(["tune", "--model", "tiny", "--low", "0.6", "--high", "0.9", "--cache-dir", str(tmp_path)]) == 1
+
+
+@pytest.mark.parametrize("load_per_gpu, outcome", [
+    ([5 * GIB, 5 * GIB], OK),  # 10 GiB in all, but each card holds 5: fits an 8 GB tier per GPU
+    ([5 * GIB, 9 * GIB], "tier_exceeded"),
+])
+def test_a_multi_gpu_trial_holds_the_fullest_gpu_against_the_tier(monkeypatch: pytest.MonkeyPatch,
+                                                                  load_per_gpu: list[int], outcome: str) -> None:
+    total = sum(load_per_gpu)
+    monkeypatch.setattr(tune_module, "measured_load",
+                        lambda server, **kw: _load_result(peak_memory_bytes=total, peak_memory_per_gpu=load_per_gpu))
+    state = FakeState()
+    state.start = lambda config: FakeServer(config, 4 * GIB, per_gpu=(2 * GIB, 2 * GIB))  # type: ignore[method-assign]
+    trial = run_trial(state, VLLMConfig("tiny"), 0.9, LoadSpec(), state.tier, lambda line: None)
+    assert trial.outcome == outcome
+    assert trial.peak_memory_bytes == total and trial.largest_gpu_peak_bytes == max(load_per_gpu)
+    assert trial.tier_peak_bytes == max(load_per_gpu) and trial.to_dict()["largest_gpu_peak_bytes"] == max(load_per_gpu)
+    trial.number = 1
+    assert f"(fullest GPU {format_bytes(max(load_per_gpu))})" in trial_line(trial, 3)
+    if outcome != OK:
+        assert trial.summary.startswith("peak on the fullest GPU 9.00 GiB exceeds the 8gb tier")
+
+
+def test_a_cpu_trial_has_no_gpu_peak_and_keeps_the_total() -> None:
+    trial = Trial(0.5, OK, OK, peak_memory_bytes=3 * GIB)
+    assert trial.largest_gpu_peak_bytes is None and trial.tier_peak_bytes == 3 * GIB
