@@ -2,14 +2,20 @@
 
 Worker gwI takes GPUs [I*K, I*K+K) where K is --vllm-gpus-per-worker (the tensor-parallel size the suite needs).
 An 8-GPU node runs a suite 8 wide with `-n 8`, or 4 wide with `-n 4 --vllm-gpus-per-worker 2` for TP=2 configs.
+
+The GPUs are those CUDA gives a process with CUDA_VISIBLE_DEVICES unset, as the memory package resolves them: a GPU
+in MIG mode counts as its MIG slices. They are handed out by UUID (GPU-... or MIG-...): an NVML index names a
+whole card, and on a MIG host CUDA_VISIBLE_DEVICES=0 gives a worker no slice of its own.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from typing import Any, MutableMapping
+from collections.abc import MutableMapping
+from typing import Any
 
+from .memory import DeviceInfo, NvmlError, detect_devices
 from .memory.nvml import device_count
 
 
@@ -20,6 +26,15 @@ class WorkerDeviceError(ValueError):
 def nvml_device_count(nvml: Any | None = None) -> int:
     """GPUs NVML sees (0 without a driver, i.e. on the CPU backend)."""
     return device_count(nvml)
+
+
+def visible_gpus(nvml: Any | None = None) -> list[DeviceInfo]:
+    """The GPUs and MIG slices to share out, in CUDA's order; [] on the CPU backend or when NVML cannot read them
+    (the session's own probe then says why)."""
+    try:
+        return [device for device in detect_devices(None, nvml) if device.backend == "cuda"]
+    except NvmlError:
+        return []
 
 
 def worker_devices(worker_id: str, gpu_count: int, per_worker: int) -> list[int]:
@@ -42,9 +57,11 @@ def assign_worker_gpus(worker_id: str, per_worker: int, environ: MutableMapping[
     (the user set it already, or no GPU: CPU servers share the host and pick their own ports)."""
     if environ.get("CUDA_VISIBLE_DEVICES"):
         return None
-    count = nvml_device_count(nvml)
-    if count == 0:
+    devices = visible_gpus(nvml)
+    if not devices:
         return None
-    visible = ",".join(str(index) for index in worker_devices(worker_id, count, per_worker))
+    chosen = (devices[position] for position in worker_devices(worker_id, len(devices), per_worker))
+    # A UUID where NVML reports one (every GPU and MIG slice on current drivers), else the card's index.
+    visible = ",".join(device.uuid or str(device.index) for device in chosen)
     environ["CUDA_VISIBLE_DEVICES"] = visible
     return visible
