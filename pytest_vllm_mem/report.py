@@ -68,10 +68,19 @@ def _change(comparison: dict[str, Any]) -> str:
     return f"{pct:+.1f}%" if pct is not None else "from 0"
 
 
+def peak_cell(record: TestRecord) -> str:
+    """`5.00 GiB / 24gb`; a server on several GPUs shows its fullest GPU's peak, which a tier (one GPU's memory)
+    limits, then every GPU's: `21.30 GiB / 24gb (per GPU: 20.10 GiB, 21.30 GiB)`."""
+    tier = f" / {record.tier}" if record.tier_bytes else ""
+    per_gpu = record.peak_memory_per_gpu
+    if len(per_gpu) > 1:
+        return f"{format_bytes(record.largest_gpu_peak_bytes)}{tier} (per GPU: {', '.join(map(format_bytes, per_gpu))})"
+    return f"{format_bytes(record.peak_memory_bytes)}{tier}" if record.peak_memory_bytes else "-"
+
+
 def table_rows(records: list[TestRecord]) -> list[tuple[list[str], str | None]]:
     rows = []
     for record in records:
-        tier = f" / {record.tier}" if record.tier_bytes else ""
         ttft = _load_value(record, "ttft_p99")
         throughput = _load_value(record, "output_throughput")
         kv = record.memory.get("kv_cache_tokens")
@@ -79,7 +88,7 @@ def table_rows(records: list[TestRecord]) -> list[tuple[list[str], str | None]]:
         rows.append(([
             _short_test_id(record.test_id),
             record.outcome,
-            f"{format_bytes(record.peak_memory_bytes)}{tier}" if record.peak_memory_bytes else "-",
+            peak_cell(record),
             kv_cell(kv, record.plan),
             f"{throughput:,.0f}" if throughput else "-",
             f"{ttft:,.0f} ms" if ttft else "-",

@@ -107,6 +107,8 @@ class TestRecord:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["outcome"] = self.outcome
         data["peak_memory_bytes"] = self.peak_memory_bytes
+        data["peak_memory_per_gpu"] = self.peak_memory_per_gpu  # [] on the CPU backend
+        data["largest_gpu_peak_bytes"] = self.largest_gpu_peak_bytes  # what a tier limits
         data["metrics"] = self.metrics()
         return data
 

@@ -387,3 +387,28 @@ def test_an_unwritable_results_file_fails_the_pytest_run(pytester: pytest.Pytest
     assert "the run fails: a file it was asked to write was not written" in output
     ok = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--vllm-results={pytester.path / 'r.json'}")
     assert ok.ret == pytest.ExitCode.OK and json.loads((pytester.path / "r.json").read_text())["tests"] == []
+
+
+def test_a_server_on_several_gpus_shows_its_fullest_gpu_and_each_gpu() -> None:
+    # TP=2: 18 GiB in all, never more than 10 GiB on one card (a 24gb tier is per GPU).
+    record = make_record(
+        "tests/test_a.py::test_tp[2]",
+        {**load(peak=18 * GIB), "peak_memory_per_gpu": [8 * GIB, 10 * GIB]},
+        startup={"ok": True, "kind": "ok", "duration_s": 40.0, "peak_memory_bytes": 16 * GIB,
+                 "peak_memory_per_gpu": [9 * GIB, 7 * GIB]},
+    )
+    [(cells, _)] = table_rows([record])
+    assert cells[2] == "10.00 GiB / 24gb (per GPU: 9.00 GiB, 10.00 GiB)"  # each GPU's own peak over startup and load
+    assert "| 10.00 GiB / 24gb (per GPU: 9.00 GiB, 10.00 GiB) |" in markdown_table([record], "h")
+    data = record.to_dict()
+    assert data["peak_memory_bytes"] == 18 * GIB and data["largest_gpu_peak_bytes"] == 10 * GIB
+    assert data["peak_memory_per_gpu"] == [9 * GIB, 10 * GIB]
+    assert TestRecord.from_dict(data).to_dict() == data  # derived keys are not fields: read back without them
+
+
+def test_one_gpu_or_the_cpu_shows_the_peak_alone() -> None:
+    single = make_record(startup={"ok": True, "kind": "ok", "duration_s": 1.0, "peak_memory_bytes": 4 * GIB,
+                                  "peak_memory_per_gpu": [4 * GIB]})
+    assert table_rows([single])[0][0][2] == "5.00 GiB / 24gb"
+    cpu = make_record(tier="", tier_bytes=0, backend="cpu")
+    assert table_rows([cpu])[0][0][2] == "5.00 GiB" and cpu.to_dict()["peak_memory_per_gpu"] == []
