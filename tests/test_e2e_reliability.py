@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from pytest_vllm_mem.server import SERVER_MODULE, STARTING_STOP_GRACE_S
+from pytest_vllm_mem.versions import LAUNCHER
 
 from e2e import CACHE_DIR, TOKEN_VAR, processes_with_token, record, run_inner
 from stubs.helpers import Figures, kill_quietly, popen_pytest, running
@@ -123,6 +124,8 @@ def test_engine_death_raise_exit_and_session_end_sweep(pytester: pytest.Pytester
 
     # 7. Every listening socket of a real server (API server, engine, worker) is on the loopback interface.
     assert crashed["argv"][crashed["argv"].index("--host") + 1] == "127.0.0.1"
+    # The launch is `vllm serve MODEL ...` through the CLI's main() (versions.launch_argv), the model positional.
+    assert crashed["argv"][1:4] == ["-c", LAUNCHER, "serve"] and not crashed["argv"][4].startswith("-")
     assert crashed["listening"] == ["127.0.0.1"] and following["listening"] == ["127.0.0.1"]
 
     # 3c. Raising and pytest.exit() while holding a server: the session ends, the results JSON is written.
