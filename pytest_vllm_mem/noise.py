@@ -34,8 +34,9 @@ _Z_POWER = 1.645
 
 # Standard errors a change must exceed. 3 would do for independent runs; a test's repeats run back to back, and a
 # shared machine drifts over minutes, so they understate the noise between two sessions: on this project's 2-core
-# runner k=3 failed 4 of 30 healthy 3-vs-3 comparisons, k=4 2 of 30, and 0 of 18 at 5 vs 5
-# (benchmarks/gate_noise.py).
+# runner k=3 failed 4 of 30 healthy 3-vs-3 comparisons, k=4 2 of 30 (benchmarks/gate_noise.py, first run). What
+# no k removes is a shift between sessions: a second run's sessions had medians 624, 700 and 784 tok/s, each within
+# 8-16%, and k=4 failed 4 of 30 (k=5: 4 of 30). Only earlier sessions' medians (`history`) can show that noise.
 DEFAULT_K = 4.0
 
 

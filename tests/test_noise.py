@@ -205,7 +205,7 @@ def test_default_k_with_five_repeats_catches_a_30_percent_drop_in_5_percent_nois
 
     assert _rates(5, 0.05, 0.0, floor=0.0, k=DEFAULT_K)[0] < 0.01
     assert _rates(5, 0.05, -0.30, floor=0.10, k=DEFAULT_K)[0] > 0.97
-    # With 3 repeats the same drop is missed about one time in ten: why the README recommends repeat=5.
+    # With 3 repeats the same drop is missed about one time in ten.
     assert _rates(3, 0.05, -0.30, floor=0.10, k=DEFAULT_K)[0] < 0.93
 
 
