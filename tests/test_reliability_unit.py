@@ -455,7 +455,7 @@ def test_serves(vllm_server, vllm_load):
     FIGURES.fault("corrupt baseline file")
 
 
-def test_unwritable_results_path_is_one_line_and_the_run_completes(pytester: pytest.Pytester) -> None:
+def test_unwritable_results_path_is_one_line_and_fails_the_run(pytester: pytest.Pytester) -> None:
     body = '''
 @pytest.mark.parametrize("vllm_config", [OK], ids=["ok"])
 def test_serves(vllm_server, vllm_load):
@@ -463,8 +463,10 @@ def test_serves(vllm_server, vllm_load):
 '''
     result, _ = inner(pytester, body, "--vllm-results=/proc/forbidden/x.json")
     result.assert_outcomes(passed=1)
-    assert result.ret == pytest.ExitCode.OK
+    # The tests ran, but CI would lose the figures silently: the run fails (issue 12).
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
     output = assert_no_traceback(result)
+    assert "the run fails: a file it was asked to write was not written" in output
     lines = [line for line in output.splitlines() if "/proc/forbidden/x.json" in line]
     assert lines == ["error: --vllm-results /proc/forbidden/x.json: could not write the file (No such file or "
                      "directory); pass a path in a writable folder"]  # and not listed as written
