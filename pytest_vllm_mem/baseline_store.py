@@ -5,6 +5,11 @@ so diffs stay small. Entries are keyed by environment (memory tier, device, vLLM
 say nothing about an L4, and per vLLM version because the upgrade itself is what the gate must see. The file keeps,
 per test, tier and device, at most `KEEP_VERSIONS` vLLM versions (the newest ones, and always the one just written),
 so it does not grow with every upgrade. A file that cannot be read is reported, never overwritten.
+
+An entry may keep `history`: per metric, the medians of up to `KEEP_HISTORY` earlier recorded sessions, oldest first.
+Refreshing an entry (same test, environment and server config) moves its medians there, so the file shows how much
+whole sessions scatter on this runner, which a session's own repeats cannot (noise.py weighs it). The field is
+optional: files without it load as before (schema 1), and a plugin that does not know it ignores it.
 """
 
 from __future__ import annotations
@@ -17,8 +22,8 @@ import socket
 import stat
 import statistics
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Container, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -29,6 +34,9 @@ from packaging.version import InvalidVersion, Version
 SCHEMA_VERSION = 1
 # Per test, tier and device: the running release, the one the last upgrade came from, and one more to roll back to.
 KEEP_VERSIONS = 3
+# Earlier sessions' medians kept per metric: enough to estimate their spread, few enough that an old runner or an old
+# code state ages out within a week of daily refreshes.
+KEEP_HISTORY = 5
 
 
 class BaselineError(Exception):
@@ -76,7 +84,7 @@ class EnvKey:
         device, sep2, version = rest.rpartition("|")
         if not (sep1 and sep2) or not version.startswith("vllm "):
             raise ValueError(f"environment key {text!r} is not 'TIER|DEVICE|vllm VERSION'")
-        return cls(tier, device, version[len("vllm "):])
+        return cls(tier, device, version[len("vllm ") :])
 
 
 def utc_now_iso() -> str:
@@ -109,6 +117,29 @@ class BaselineEntry:
     recorded_at: str = field(default_factory=utc_now_iso)
     commit: str | None = None
     host: str = field(default_factory=socket.gethostname)
+    history: dict[str, list[float]] = field(default_factory=dict)  # earlier sessions' medians, oldest first
+
+    def continuing(
+        self, previous: BaselineEntry | None, *, keep: int = KEEP_HISTORY, metrics: Container[str] | None = None
+    ) -> BaselineEntry:
+        """This entry with the history of `previous` (the entry it replaces) plus `previous`'s own medians, the
+        newest `keep` per metric; for the metric names in `metrics` only (None: all). Without a previous entry, as
+        it is. A previous entry of another server config measured something else: no history is carried from it,
+        nor any when `keep` is 0."""
+        if previous is None:
+            return self
+        if previous.config != self.config or keep <= 0:
+            return replace(self, history={})
+        history: dict[str, list[float]] = {}
+        for name in sorted(set(previous.history) | set(previous.metrics)):
+            if metrics is not None and name not in metrics:
+                continue
+            values = [*previous.history.get(name, [])]
+            if name in previous.metrics:
+                values.append(previous.metrics[name])
+            if values[-keep:]:
+                history[name] = values[-keep:]
+        return replace(self, history=history)
 
     @classmethod
     def from_samples(
@@ -157,6 +188,12 @@ class BaselineEntry:
             "recorded_at": self.recorded_at,
             "commit": self.commit,
             "host": self.host,
+            # Only when there is one: an entry without history keeps the bytes of the first schema-1 files.
+            **(
+                {"history": {name: list(values) for name, values in sorted(self.history.items())}}
+                if self.history
+                else {}
+            ),
         }
 
     @classmethod
@@ -170,6 +207,11 @@ class BaselineEntry:
             isinstance(v, list) and all(_is_number(x) for x in v) for v in spread_raw.values()
         ):
             raise ValueError("'spread' must map metric names to lists of numbers")
+        history_raw = data.get("history", {})
+        if not isinstance(history_raw, Mapping) or not all(
+            isinstance(v, list) and all(_is_number(x) for x in v) for v in history_raw.values()
+        ):
+            raise ValueError("'history' must map metric names to lists of finite numbers (earlier sessions' medians)")
         runs = data.get("runs")
         if not isinstance(runs, int) or isinstance(runs, bool) or runs < 1:
             raise ValueError(f"'runs' must be a positive whole number, found {runs!r}")
@@ -189,6 +231,7 @@ class BaselineEntry:
             recorded_at=data["recorded_at"],
             commit=commit,
             host=data["host"],
+            history={str(name): [float(x) for x in values] for name, values in history_raw.items()},
         )
 
 
@@ -243,11 +286,21 @@ class BaselineStore:
     consistent file); `update` merges entries in under a file lock (so xdist workers and parallel CI jobs do not lose
     each other's writes), prunes old vLLM versions, and replaces the file atomically."""
 
-    def __init__(self, path: Path | str, *, lock_timeout: float = 60.0, keep_versions: int = KEEP_VERSIONS) -> None:
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        lock_timeout: float = 60.0,
+        keep_versions: int = KEEP_VERSIONS,
+        keep_history: int = KEEP_HISTORY,
+        history_metrics: Container[str] | None = None,
+    ) -> None:
         self.path = Path(path)
         self.lock_path = Path(f"{self.path}.lock")
         self.lock_timeout = lock_timeout
         self.keep_versions = keep_versions
+        self.keep_history = keep_history
+        self.history_metrics = history_metrics  # metrics whose earlier medians are kept (None: all)
         self.dropped: list[tuple[str, str]] = []  # (test_id, env_str) pruned by the last update
         self._cache: dict[tuple[str, str], BaselineEntry] | None = None
 
@@ -328,8 +381,10 @@ class BaselineStore:
 
     def update(self, entries: Iterable[BaselineEntry]) -> None:
         """Replace exactly these entries (test_id + env), keeping every other entry and its bytes as they were,
-        except the versions beyond `keep_versions` of the tests, tiers and devices written to."""
-        new = {(e.test_id, e.env.as_str()): e.to_dict() for e in entries}
+        except the versions beyond `keep_versions` of the tests, tiers and devices written to. An entry that replaces
+        one of the same config takes over its history and its medians (BaselineEntry.continuing)."""
+        fresh = {(e.test_id, e.env.as_str()): e for e in entries}
+        new = {key: e.to_dict() for key, e in fresh.items()}
         for (test_id, env_str), data in new.items():
             if not test_id:
                 raise BaselineError(f"Baseline file {self.path}: refusing to store an entry with an empty test id.")
@@ -344,14 +399,18 @@ class BaselineStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with filelock.FileLock(str(self.lock_path), timeout=self.lock_timeout):
                 document = self._read_document()  # re-read under the lock: another process may have written
-                self._entries(document)  # refuse to rewrite a file whose entries are broken
+                current = self._entries(document)  # refuse to rewrite a file whose entries are broken
                 written: dict[str, list[str]] = {}
-                for (test_id, env_str), data in new.items():
+                for (test_id, env_str), entry in fresh.items():
+                    previous = current.get((test_id, env_str))
+                    data = entry.continuing(previous, keep=self.keep_history, metrics=self.history_metrics).to_dict()
                     document["baselines"].setdefault(test_id, {})[env_str] = data
                     written.setdefault(test_id, []).append(env_str)
-                self.dropped = [(test_id, env_str) for test_id, envs in written.items()
-                                for env_str in prune_versions(document["baselines"][test_id], envs,
-                                                              self.keep_versions)]
+                self.dropped = [
+                    (test_id, env_str)
+                    for test_id, envs in written.items()
+                    for env_str in prune_versions(document["baselines"][test_id], envs, self.keep_versions)
+                ]
                 self._write_atomically(dumps_document(document).encode("utf-8"))
         except filelock.Timeout:
             raise BaselineError(

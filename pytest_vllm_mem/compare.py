@@ -40,9 +40,16 @@ class BaselineMatch:
 
     def to_dict(self) -> dict[str, Any]:
         entry = self.entry
-        return {"env": entry.env.as_str(), "vllm_version": entry.env.vllm_version, "exact": self.exact,
-                "recorded_at": entry.recorded_at, "commit": entry.commit, "host": entry.host, "runs": entry.runs,
-                "config": entry.config}
+        return {
+            "env": entry.env.as_str(),
+            "vllm_version": entry.env.vllm_version,
+            "exact": self.exact,
+            "recorded_at": entry.recorded_at,
+            "commit": entry.commit,
+            "host": entry.host,
+            "runs": entry.runs,
+            "config": entry.config,
+        }
 
 
 def select_baseline(candidates: Mapping[EnvKey, BaselineEntry], env: EnvKey) -> BaselineMatch | None:
@@ -70,10 +77,12 @@ def select_baseline(candidates: Mapping[EnvKey, BaselineEntry], env: EnvKey) -> 
 
 @dataclass(frozen=True)
 class Sample:
-    """A metric's value on one side of a comparison: the median, and every run's value it was taken from."""
+    """A metric's value on one side of a comparison: the median, and every run's value it was taken from; for the
+    baseline also the medians of earlier recorded sessions (the entry's history, oldest first)."""
 
     median: float
     values: tuple[float, ...]
+    history: tuple[float, ...] = ()
 
     @classmethod
     def of(cls, values: Sequence[float]) -> Sample:
@@ -115,6 +124,7 @@ class Comparison:
     detail: str = ""
     recorded: float | None = None  # the recorded baseline when `baseline` was re-planned for this run's memory
     note: str = ""
+    baseline_history: tuple[float, ...] = ()  # medians of earlier recorded sessions the judge was given
 
     @property
     def unit(self) -> str:
@@ -143,16 +153,30 @@ class Comparison:
             parts.append("reported, not gated")
         if rest.strip():
             parts.append(rest.strip())
-        return (f"{self.metric}: {now} now vs {format_quantity(self.baseline, self.unit)} baseline{on}{replanned} "
-                f"({', '.join(parts)})")
+        return (
+            f"{self.metric}: {now} now vs {format_quantity(self.baseline, self.unit)} baseline{on}{replanned} "
+            f"({', '.join(parts)})"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The form kept in the test's record and the results JSON."""
-        return {"metric": self.metric, "unit": self.unit, "baseline": self.baseline, "now": self.now,
-                "change_pct": self.change_pct, "tolerance": str(self.tolerance) if self.tolerance else None,
-                "status": self.status, "baseline_version": self.baseline_version,
-                "baseline_values": list(self.baseline_values), "now_values": list(self.now_values),
-                "detail": self.detail, "recorded": self.recorded, "note": self.note, "message": self.message()}
+        return {
+            "metric": self.metric,
+            "unit": self.unit,
+            "baseline": self.baseline,
+            "now": self.now,
+            "change_pct": self.change_pct,
+            "tolerance": str(self.tolerance) if self.tolerance else None,
+            "status": self.status,
+            "baseline_version": self.baseline_version,
+            "baseline_values": list(self.baseline_values),
+            "now_values": list(self.now_values),
+            "detail": self.detail,
+            "recorded": self.recorded,
+            "note": self.note,
+            "message": self.message(),
+            "baseline_history": list(self.baseline_history),
+        }
 
 
 @dataclass(frozen=True)
@@ -185,11 +209,13 @@ class Replan:
         return recorded * (self.kv_before + self.delta_bytes) / self.kv_before
 
     def note(self) -> str:
-        return (f"untiered run: vLLM sized its KV cache from {format_bytes(self.device_now)} of device memory now, "
-                f"{format_bytes(self.device_before)} when the baseline was recorded; memory and KV figures are "
-                f"compared with the baseline re-planned for it ({'+' if self.delta_bytes >= 0 else '-'}"
-                f"{format_bytes(abs(self.delta_bytes))} of KV cache at utilization {self.utilization:.3g}). "
-                "Pin a tier (--vllm-gpu) to compare them as recorded")
+        return (
+            f"untiered run: vLLM sized its KV cache from {format_bytes(self.device_now)} of device memory now, "
+            f"{format_bytes(self.device_before)} when the baseline was recorded; memory and KV figures are "
+            f"compared with the baseline re-planned for it ({'+' if self.delta_bytes >= 0 else '-'}"
+            f"{format_bytes(abs(self.delta_bytes))} of KV cache at utilization {self.utilization:.3g}). "
+            "Pin a tier (--vllm-gpu) to compare them as recorded"
+        )
 
 
 def replan_for(entry: BaselineEntry, samples: Mapping[str, Sequence[float]]) -> Replan | None:
@@ -238,31 +264,73 @@ def compare(
         tolerance = tolerances.get(name, metric.default_tolerance) if metric.gated or name in tolerances else None
         recorded = entry.metrics.get(name) if entry is not None else None
         if entry is None or recorded is None:
-            comparisons.append(Comparison(name, None, now.median, None, tolerance, "new", version,
-                                          now_values=now.values))
+            comparisons.append(
+                Comparison(name, None, now.median, None, tolerance, "new", version, now_values=now.values)
+            )
             continue
         recorded_values = tuple(entry.spread.get(name) or [recorded])
-        base = Sample(recorded, recorded_values)
+        base = Sample(recorded, recorded_values, tuple(entry.history.get(name, ())))
         original: float | None = None
         note = ""
         if replan is not None and metric.kv_sized:
             moved = replan.value(metric, recorded)
             note = replan.note()
             if moved is None:
-                comparisons.append(Comparison(name, None, now.median, None, tolerance, "skipped", version,
-                                              recorded_values, now.values, recorded=recorded,
-                                              note=note + "; the baseline has no KV cache memory to scale it by"))
+                comparisons.append(
+                    Comparison(
+                        name,
+                        None,
+                        now.median,
+                        None,
+                        tolerance,
+                        "skipped",
+                        version,
+                        recorded_values,
+                        now.values,
+                        recorded=recorded,
+                        note=note + "; the baseline has no KV cache memory to scale it by",
+                    )
+                )
                 continue
+            # Earlier sessions' medians were taken at their own memory: a re-planned comparison goes without them.
             base = Sample(moved, tuple(v for v in (replan.value(metric, x) for x in recorded_values) if v is not None))
             original = recorded
         change = _change_pct(base.median, now.median)
         if tolerance is None:
-            comparisons.append(Comparison(name, base.median, now.median, change, None, "info", version, base.values,
-                                          now.values, recorded=original, note=note))
+            comparisons.append(
+                Comparison(
+                    name,
+                    base.median,
+                    now.median,
+                    change,
+                    None,
+                    "info",
+                    version,
+                    base.values,
+                    now.values,
+                    recorded=original,
+                    note=note,
+                )
+            )
             continue
         verdict = judge(metric, base, now, tolerance)
-        comparisons.append(Comparison(name, base.median, now.median, change, tolerance, verdict.status, version,
-                                      base.values, now.values, verdict.detail, original, note))
+        comparisons.append(
+            Comparison(
+                name,
+                base.median,
+                now.median,
+                change,
+                tolerance,
+                verdict.status,
+                version,
+                base.values,
+                now.values,
+                verdict.detail,
+                original,
+                note,
+                base.history,
+            )
+        )
     return comparisons
 
 
@@ -287,8 +355,10 @@ def format_gate_failure(
     env = f" for {entry.env.as_str()}" if entry is not None else ""
     lines = [f"{test_id}: {count} outside tolerance of the baseline{env}"]
     if entry is not None and running_version and running_version != entry.env.vllm_version:
-        lines.append(f"compared across the vLLM upgrade {entry.env.vllm_version} -> {running_version} (no baseline "
-                     f"for vLLM {running_version} on this tier and device yet)")
+        lines.append(
+            f"compared across the vLLM upgrade {entry.env.vllm_version} -> {running_version} (no baseline "
+            f"for vLLM {running_version} on this tier and device yet)"
+        )
     width = max((len(c.status) for c in failures), default=0)
     for comparison in failures:
         lines.append(f"  {comparison.status:<{width}}  {comparison.message()}")

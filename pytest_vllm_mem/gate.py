@@ -15,8 +15,15 @@ from .advice import advise, render_steps
 from .baseline_store import BaselineEntry, BaselineError, BaselineStore, EnvKey, git_commit
 from .compare import Judge, compare, format_gate_failure, gate_failures, select_baseline, tolerance_judge
 from .diagnose import Diagnosis
-from .metrics import Tolerance, ToleranceError, parse_tolerance_mapping, parse_tolerance_spec, resolve_tolerances
-from .noise import noise_aware_judge
+from .metrics import (
+    METRICS,
+    Tolerance,
+    ToleranceError,
+    parse_tolerance_mapping,
+    parse_tolerance_spec,
+    resolve_tolerances,
+)
+from .noise import is_noisy, noise_aware_judge
 from .results import TestRecord, failure_dict
 from .server import VLLMServer
 from .settings import UsageError
@@ -75,20 +82,31 @@ def tier_problem(record: TestRecord, tier_is_auto: bool) -> str | None:
         return None
     per_gpu = record.peak_memory_per_gpu
     where = f" on GPU {per_gpu.index(peak)} of {len(per_gpu)}" if len(per_gpu) > 1 else ""
-    return (f"peak memory {format_bytes(peak)}{where} exceeds the {record.tier} tier "
-            f"({format_bytes(record.tier_bytes)}) by {format_bytes(peak - record.tier_bytes)}")
+    return (
+        f"peak memory {format_bytes(peak)}{where} exceeds the {record.tier} tier "
+        f"({format_bytes(record.tier_bytes)}) by {format_bytes(peak - record.tier_bytes)}"
+    )
 
 
 class Gate:
     """Tolerances of the command line and ini, the session's baseline store, and the judge of each metric."""
 
-    def __init__(self, settings: GateSettings, cli: dict[str, Tolerance] | None = None,
-                 ini: dict[str, Tolerance] | None = None, *, judge: Judge = tolerance_judge) -> None:
+    def __init__(
+        self,
+        settings: GateSettings,
+        cli: dict[str, Tolerance] | None = None,
+        ini: dict[str, Tolerance] | None = None,
+        *,
+        judge: Judge = tolerance_judge,
+    ) -> None:
         self.settings = settings
         self.cli = cli or {}
         self.ini = ini or {}
         self.judge = judge
-        self.store = BaselineStore(settings.vllm_baseline)
+        # Earlier sessions' medians are what the noise judge weighs; memory figures need none.
+        self.store = BaselineStore(
+            settings.vllm_baseline, history_metrics=frozenset(name for name, m in METRICS.items() if is_noisy(m))
+        )
 
     @classmethod
     def from_config(cls, config: pytest.Config, settings: GateSettings) -> Gate:
@@ -96,16 +114,26 @@ class Gate:
         # Throughput and latency wobble on shared runners: judged against the noise their runs show (noise.py).
         return cls(settings, cli, ini, judge=noise_aware_judge)
 
-    def evaluate(self, record: TestRecord, marker: dict[str, Tolerance], *, tier_is_auto: bool,
-                 server: VLLMServer | None = None) -> str | None:
+    def evaluate(
+        self, record: TestRecord, marker: dict[str, Tolerance], *, tier_is_auto: bool, server: VLLMServer | None = None
+    ) -> str | None:
         """Compare `record` with the tier and the baseline; returns the failure text, or None when the test passes.
         Fills the record's comparisons and baseline match (also in update mode, for the upgrade report). `server`:
         the test's server, whose launched config and startup figures the advice for a peak over the tier uses."""
         problems = []
         over_tier = tier_problem(record, tier_is_auto)
         if over_tier:
-            steps = advise(None, server.launched, server.memory, tier_bytes=record.tier_bytes,
-                           peak_bytes=record.largest_gpu_peak_bytes) if server is not None else []
+            steps = (
+                advise(
+                    None,
+                    server.launched,
+                    server.memory,
+                    tier_bytes=record.tier_bytes,
+                    peak_bytes=record.largest_gpu_peak_bytes,
+                )
+                if server is not None
+                else []
+            )
             problems.append("\n".join([over_tier, *render_steps(steps)]))
             record.failure = failure_dict(Diagnosis("tier_exceeded", over_tier), steps, None)
         samples = record.metric_samples()
@@ -127,13 +155,22 @@ class Gate:
             return "\n\n".join(problems) or None
         record.baseline_status = "missing" if entry is None else "compared"
         if entry is None and settings.vllm_require_baseline:
-            problems.append(f"no baseline for {record.test_id} on {env.as_str()} (nor another vLLM version on this "
-                            f"tier and device) in {settings.vllm_baseline} (--vllm-require-baseline): record one "
-                            "with --vllm-update-baseline")
+            problems.append(
+                f"no baseline for {record.test_id} on {env.as_str()} (nor another vLLM version on this "
+                f"tier and device) in {settings.vllm_baseline} (--vllm-require-baseline): record one "
+                "with --vllm-update-baseline"
+            )
         failures = gate_failures(comparisons, settings.vllm_strict)
         if failures:
-            problems.append(format_gate_failure(record.test_id, failures, entry, running_version=env.vllm_version,
-                                                hint="if this change is intended, rerun with --vllm-update-baseline"))
+            problems.append(
+                format_gate_failure(
+                    record.test_id,
+                    failures,
+                    entry,
+                    running_version=env.vllm_version,
+                    hint="if this change is intended, rerun with --vllm-update-baseline",
+                )
+            )
         return "\n\n".join(problems) or None
 
     def entries(self, records: list[TestRecord], rootdir: Path | str) -> list[BaselineEntry]:
@@ -144,8 +181,11 @@ class Gate:
             samples = record.metric_samples()
             if record.baseline_status != "updated" or not record.passed or not samples:
                 continue
-            entries.append(BaselineEntry.from_samples(record.test_id, env_key(record), samples,
-                                                      config=record.launched, commit=commit))
+            entries.append(
+                BaselineEntry.from_samples(
+                    record.test_id, env_key(record), samples, config=record.launched, commit=commit
+                )
+            )
         return entries
 
     def update(self, records: list[TestRecord], rootdir: Path | str) -> int:
@@ -155,7 +195,8 @@ class Gate:
         return len(entries)
 
 
-def evaluate_record(state: SessionState, record: TestRecord, marker: dict[str, Tolerance],
-                    server: VLLMServer | None = None) -> str | None:
+def evaluate_record(
+    state: SessionState, record: TestRecord, marker: dict[str, Tolerance], server: VLLMServer | None = None
+) -> str | None:
     """The gate of the session for one record (the hook's entry point)."""
     return state.gate.evaluate(record, marker, tier_is_auto=state.tier.auto, server=server)

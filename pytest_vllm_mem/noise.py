@@ -2,9 +2,9 @@
 
 Compare medians, and let the noise the runs themselves show widen the band: a change fails when it exceeds
 max(floor, k x its standard error) (k = 4), where the floor is the metric's tolerance and the standard error comes
-from a robust spread (MAD) pooled over the baseline's runs and this run's repeats, plus, where given, the spread of
-earlier sessions' medians (the part of the noise that repeats within one session cannot see: a whole run on a fast
-or a slow moment of a shared machine).
+from a robust spread (MAD) pooled over the baseline's runs and this run's repeats, or, where the baseline file keeps
+earlier sessions' medians (`history`) and they scatter more, from the spread of the session medians: the part of the
+noise that repeats within one session cannot see (a whole run on a fast or a slow moment of a shared machine).
 
 On the log scale: a shared machine slows a load down by a factor, so the noise of throughput and latency is a
 factor too. In logs a 70% throughput drop (x 0.3) stands as far out of noise as a x 3.3 latency rise, and the spread
@@ -38,6 +38,9 @@ _Z_POWER = 1.645
 # no k removes is a shift between sessions: a second run's sessions had medians 624, 700 and 784 tok/s, each within
 # 8-16%, and k=4 failed 4 of 30 (k=5: 4 of 30). Only earlier sessions' medians (`history`) can show that noise.
 DEFAULT_K = 4.0
+# Earlier sessions needed before their spread is weighed: with the baseline's own session, three session medians
+# (two are one difference, a spread estimate too rough to lean on).
+MIN_HISTORY = 2
 
 
 class NoiseError(ValueError):
@@ -114,7 +117,8 @@ class Decision:
     detectable: float  # a true worsening this large is caught 95% of the time (threshold + 1.645 x stderr)
     n_baseline: int
     n_now: int
-    n_history: int  # earlier sessions whose medians widened the noise
+    n_history: int  # earlier sessions whose medians were weighed (0: none kept, or too few to show a spread)
+    between: float | None  # spread of one session's median from the history (log scale); None: not weighed
     status: Literal["ok", "regressed", "improved"]
 
     @property
@@ -130,7 +134,7 @@ class Decision:
         """` +- 6.1%, 4 runs vs 5`: what follows the change in a message (the standard error, then the counts)."""
         spread = f" +- {self.stderr * 100:.1f}%" if self.stderr is not None else ""
         runs = f"{self.n_now} run{'' if self.n_now == 1 else 's'} vs {self.n_baseline}"
-        history = f", {self.n_history} earlier sessions" if self.n_history else ""
+        history = f", {self.n_history} earlier session{'' if self.n_history == 1 else 's'}" if self.n_history else ""
         return f"{spread}, {runs}{history}"
 
     def limit_text(self) -> str:
@@ -159,7 +163,9 @@ def decide(
     history: Sequence[float] = (),
 ) -> Decision:
     """Judge `now` (this run's repeats) against `baseline` (the baseline's runs). `floor` is the tolerance as a
-    fraction of the baseline median; `history` holds medians of earlier sessions of the same test, if kept."""
+    fraction of the baseline median; `history` holds medians of earlier sessions of the same test (the baseline
+    file's `history`, oldest first), if kept. With the baseline's own median they are the session medians; from
+    MIN_HISTORY earlier sessions on, their spread is weighed."""
     if len(baseline) == 0 or len(now) == 0:
         raise NoiseError(f"a decision needs values on both sides, got {len(baseline)} baseline and {len(now)} now")
     if not (math.isfinite(floor) and floor >= 0) or not (math.isfinite(k) and k >= 0):
@@ -175,11 +181,12 @@ def decide(
         variance += within**2 * (
             median_variance_factor(len(baseline)) / len(baseline) + median_variance_factor(len(now)) / len(now)
         )
-    # Earlier sessions' medians vary by between-session noise (plus their own within-session part): two sessions'
-    # medians differ by sqrt(2) of that.
-    between = pooled_spread(history) if len(history) >= 3 else None
+    # A session's median varies by the shift of the whole machine between sessions plus its runs' own noise; the
+    # change is a difference of two session medians, so its variance is twice that of one. That already holds the
+    # within-session part, so the larger of the two estimates is taken, not their sum (no noise counted twice).
+    between = pooled_spread([*history, base_median]) if len(history) >= MIN_HISTORY else None
     if between is not None:
-        variance += 2 * between**2
+        variance = max(variance, 2 * between**2)
     stderr = math.sqrt(variance) if (within is not None or between is not None) else None
     noise = k * stderr if stderr is not None else 0.0
     # A hair of slack so a change of exactly the tolerance passes despite float rounding.
@@ -205,6 +212,7 @@ def decide(
         n_baseline=len(baseline),
         n_now=len(now),
         n_history=len(history) if between is not None else 0,
+        between=between,
         status=status,
     )
 
@@ -234,6 +242,7 @@ class NoiseJudge:
             higher_is_better=metric.higher_is_better,
             floor=floor,
             k=self.k,
+            history=[v for v in baseline.history if math.isfinite(v) and v > 0],
         )
         return Verdict(decision.status, decision.detail())
 

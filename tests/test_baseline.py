@@ -37,8 +37,13 @@ GIB = 2**30
 
 def entry(test_id: str = "tests/test_x.py::test_a", metrics: dict[str, float] | None = None, **kw) -> BaselineEntry:
     defaults = dict(
-        env=ENV, spread={}, runs=3, config="vllm serve m --max-model-len 2048", recorded_at="2026-11-30T05:00:00Z",
-        commit="abc1234", host="ci-1",
+        env=ENV,
+        spread={},
+        runs=3,
+        config="vllm serve m --max-model-len 2048",
+        recorded_at="2026-11-30T05:00:00Z",
+        commit="abc1234",
+        host="ci-1",
     )
     defaults.update(kw)
     return BaselineEntry(test_id=test_id, metrics=metrics or {"output_throughput": 1000.0}, **defaults)
@@ -163,9 +168,13 @@ def test_precedence_marker_over_cli_over_ini_over_default() -> None:
 def test_default_tolerances() -> None:
     relative = {name: m.default_tolerance.relative for name, m in METRICS.items() if m.default_tolerance}
     assert relative == {
-        "startup_peak_memory": 0.05, "load_peak_memory": 0.05, "kv_cache_tokens": 0.05,
-        "output_throughput": 0.10, "request_throughput": 0.10,
-        "ttft_p50": 0.20, "tpot_p50": 0.20,
+        "startup_peak_memory": 0.05,
+        "load_peak_memory": 0.05,
+        "kv_cache_tokens": 0.05,
+        "output_throughput": 0.10,
+        "request_throughput": 0.10,
+        "ttft_p50": 0.20,
+        "tpot_p50": 0.20,
     }
 
 
@@ -195,8 +204,12 @@ def test_relative_vs_absolute() -> None:
 
 def test_compare_statuses_and_strict_gate() -> None:
     base = entry(metrics={"output_throughput": 1000.0, "load_peak_memory": 10 * GIB, "ttft_p50": 100.0})
-    now = {"output_throughput": [1200.0], "load_peak_memory": [11 * GIB], "ttft_p50": [110.0],
-           "kv_cache_tokens": [5000]}
+    now = {
+        "output_throughput": [1200.0],
+        "load_peak_memory": [11 * GIB],
+        "ttft_p50": [110.0],
+        "kv_cache_tokens": [5000],
+    }
     by_name = {c.metric: c for c in compare(base, now, resolve_tolerances({}, {}, {}))}
     assert by_name["output_throughput"].status == "improved"
     assert by_name["output_throughput"].change_pct == pytest.approx(20.0)
@@ -230,13 +243,23 @@ def test_compare_skips_unknown_and_unmeasured_metrics_and_handles_zero_baseline(
 
 
 def test_comparison_message() -> None:
-    c = Comparison("output_throughput", 1204.5, 812.3, (812.3 - 1204.5) / 1204.5 * 100,
-                   Tolerance(relative=0.1, unit="tok/s"), "regressed")
+    c = Comparison(
+        "output_throughput",
+        1204.5,
+        812.3,
+        (812.3 - 1204.5) / 1204.5 * 100,
+        Tolerance(relative=0.1, unit="tok/s"),
+        "regressed",
+    )
     assert c.message() == "output_throughput: 812.3 tok/s now vs 1,204.5 tok/s baseline (-32.6%, tolerance 10%)"
-    mem = compare(entry(metrics={"load_peak_memory": 5 * GIB}), {"load_peak_memory": [5.5 * GIB]},
-                  {"load_peak_memory": Tolerance(absolute=256 * MIB, unit="bytes")})[0]
-    assert mem.message() == ("load_peak_memory: 5.50 GiB now vs 5.00 GiB baseline on vLLM 0.32.0 (+10.0%, "
-                             "tolerance 256 MiB)")
+    mem = compare(
+        entry(metrics={"load_peak_memory": 5 * GIB}),
+        {"load_peak_memory": [5.5 * GIB]},
+        {"load_peak_memory": Tolerance(absolute=256 * MIB, unit="bytes")},
+    )[0]
+    assert mem.message() == (
+        "load_peak_memory: 5.50 GiB now vs 5.00 GiB baseline on vLLM 0.32.0 (+10.0%, tolerance 256 MiB)"
+    )
 
 
 def test_format_gate_failure_has_provenance() -> None:
@@ -246,8 +269,9 @@ def test_format_gate_failure_has_provenance() -> None:
     assert text.splitlines()[0] == (
         "tests/test_x.py::test_a: 1 metric outside tolerance of the baseline for 24gb|NVIDIA L4|vllm 0.32.0"
     )
-    assert ("regressed  output_throughput: 700.0 tok/s now vs 1,000.0 tok/s baseline on vLLM 0.32.0 (-30.0%, "
-            "tolerance 10%)") in text
+    assert (
+        "regressed  output_throughput: 700.0 tok/s now vs 1,000.0 tok/s baseline on vLLM 0.32.0 (-30.0%, tolerance 10%)"
+    ) in text
     assert "compared across" not in text  # same version: no upgrade line
     assert "baseline runs ranged 980.0 tok/s .. 1,010.0 tok/s" in text
     assert "baseline recorded 2026-11-30T05:00:00Z on host ci-1, commit abc1234, 3 runs, vLLM 0.32.0" in text
@@ -267,12 +291,19 @@ def test_env_key_round_trip_and_separator() -> None:
 
 
 def test_entry_from_samples_uses_medians_and_keeps_spread() -> None:
-    samples = {"output_throughput": [900.0, 1100.0, 1000.0], "ttft_p50": [float("nan"), 40.0],
-               "kv_cache_tokens": [5000.0], "tpot_p50": [float("inf")]}
+    samples = {
+        "output_throughput": [900.0, 1100.0, 1000.0],
+        "ttft_p50": [float("nan"), 40.0],
+        "kv_cache_tokens": [5000.0],
+        "tpot_p50": [float("inf")],
+    }
     made = BaselineEntry.from_samples("t", ENV, samples, config="c", commit=None, host="h")
     assert made.metrics == {"kv_cache_tokens": 5000.0, "output_throughput": 1000.0, "ttft_p50": 40.0}
-    assert made.spread == {"kv_cache_tokens": [5000.0], "output_throughput": [900.0, 1100.0, 1000.0],
-                           "ttft_p50": [40.0]}
+    assert made.spread == {
+        "kv_cache_tokens": [5000.0],
+        "output_throughput": [900.0, 1100.0, 1000.0],
+        "ttft_p50": [40.0],
+    }
     assert made.runs == 3 and made.recorded_at.endswith("Z")
     assert median([3, 1, 2, 10]) == 2.5 and spread_range([3.0, 1.0, 2.0]) == (1.0, 3.0)
     with pytest.raises(ValueError):
@@ -303,7 +334,10 @@ def test_round_trip_and_layout(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "content, fragment",
     [
-        ('{"schema": 1,\n  "baselines": {,}}', "not valid JSON: Expecting property name enclosed in double quotes at line 2"),
+        (
+            '{"schema": 1,\n  "baselines": {,}}',
+            "not valid JSON: Expecting property name enclosed in double quotes at line 2",
+        ),
         ("<<<<<<< HEAD\n{}", "not valid JSON"),
         ("[1, 2]", "top level is a list"),
         ('{"schema": 2, "baselines": {}}', "written by a newer pytest-vllm-mem"),
@@ -351,7 +385,7 @@ def test_formatting_is_stable(tmp_path: Path) -> None:
     BaselineStore(a).update(entries)
     first = a.read_bytes()
     mtime = a.stat().st_mtime_ns
-    BaselineStore(a).update(entries)
+    BaselineStore(a).update([])  # nothing new: the same bytes, and the file is left alone
     assert a.read_bytes() == first and a.stat().st_mtime_ns == mtime
     BaselineStore(b).update(list(reversed(entries)))
     assert b.read_bytes() == first
@@ -422,12 +456,25 @@ class FakeRecord:
 
 
 def test_every_metric_reads_itself_from_a_record() -> None:
-    load = {"completed": 8, "peak_memory_bytes": 3 * GIB, "output_throughput": 100.0, "request_throughput": 2.0,
-            "ttft_ms": {"p50": 40.0, "p99": 90.0}, "tpot_ms": {"p50": 9.0}}
+    load = {
+        "completed": 8,
+        "peak_memory_bytes": 3 * GIB,
+        "output_throughput": 100.0,
+        "request_throughput": 2.0,
+        "ttft_ms": {"p50": 40.0, "p99": 90.0},
+        "tpot_ms": {"p50": 9.0},
+    }
     record = FakeRecord(
         startup={"ok": True, "duration_s": 31.5, "peak_memory_bytes": 2 * GIB},
-        memory={"weights_gib": 0.5, "kv_cache_gib": 1.25, "kv_cache_tokens": 108_160, "max_concurrency": 52.81,
-                "graph_capture_gib": 0.0, "requested_gib": 1.05, "device_total_gib": 10.46},
+        memory={
+            "weights_gib": 0.5,
+            "kv_cache_gib": 1.25,
+            "kv_cache_tokens": 108_160,
+            "max_concurrency": 52.81,
+            "graph_capture_gib": 0.0,
+            "requested_gib": 1.05,
+            "device_total_gib": 10.46,
+        },
         loads=[load, {**load, "output_throughput": 300.0}, {**load, "completed": 0, "output_throughput": 9e9}],
     )
     samples = record_samples(record)
@@ -466,9 +513,15 @@ def test_a_future_schema_is_one_paragraph_naming_file_and_schemas(tmp_path: Path
 
 def test_a_file_written_before_the_upgrade_report_keeps_loading(tmp_path: Path) -> None:
     # The layout of the plugin's first release: the eight gated metrics only.
-    old = {"metrics": {"output_throughput": 1000.0, "kv_cache_tokens": 5000.0}, "runs": 1, "config": "c",
-           "recorded_at": "2026-11-30T05:00:00Z", "commit": None, "host": "h",
-           "spread": {"output_throughput": [1000.0], "kv_cache_tokens": [5000.0]}}
+    old = {
+        "metrics": {"output_throughput": 1000.0, "kv_cache_tokens": 5000.0},
+        "runs": 1,
+        "config": "c",
+        "recorded_at": "2026-11-30T05:00:00Z",
+        "commit": None,
+        "host": "h",
+        "spread": {"output_throughput": [1000.0], "kv_cache_tokens": [5000.0]},
+    }
     path = tmp_path / "baselines.json"
     path.write_text(json.dumps({"schema": 1, "baselines": {"t": {ENV.as_str(): old}}}))
     loaded = BaselineStore(path).get("t", ENV)
@@ -491,8 +544,9 @@ def test_update_keeps_the_newest_versions_per_test_tier_and_device(tmp_path: Pat
     store.update([entry(env=_env("0.9.2", tier="80gb"))])  # another tier: its own versions
     loaded = BaselineStore(path).load()
     kept = sorted(env for (test_id, env) in loaded if test_id == "tests/test_x.py::test_a")
-    assert kept == sorted([_env("0.10.2").as_str(), _env("0.11.0").as_str(), _env("0.27.1").as_str(),
-                           _env("0.9.2", tier="80gb").as_str()])
+    assert kept == sorted(
+        [_env("0.10.2").as_str(), _env("0.11.0").as_str(), _env("0.27.1").as_str(), _env("0.9.2", tier="80gb").as_str()]
+    )
     assert ("other", _env("0.9.2").as_str()) not in loaded and ("other", _env("0.10.2").as_str()) in loaded
     # Writing an older version (a branch still on it) keeps it, and drops the oldest of the others.
     store.update([entry(env=_env("0.8.5"))])
@@ -507,3 +561,57 @@ def test_versions_that_do_not_parse_are_dropped_first(tmp_path: Path) -> None:
     for version in ("unknown", "0.27.1", "0.32.0"):
         store.update([entry(env=_env(version))])
     assert store.dropped == [("tests/test_x.py::test_a", _env("unknown").as_str())]
+
+
+# ---- history of earlier sessions ------------------------------------------------------------------------------
+
+
+def test_refreshing_an_entry_keeps_the_earlier_sessions_medians(tmp_path: Path) -> None:
+    path = tmp_path / "baselines.json"
+    store = BaselineStore(path, history_metrics={"output_throughput"})
+    for value in (1000.0, 1100.0, 900.0):
+        store.update([entry(metrics={"output_throughput": value, "kv_cache_tokens": 5000.0})])
+    got = BaselineStore(path).load()[("tests/test_x.py::test_a", ENV.as_str())]
+    assert got.metrics["output_throughput"] == 900.0
+    # Oldest first, the entry's own median not among them; memory-like figures not kept (history_metrics).
+    assert got.history == {"output_throughput": [1000.0, 1100.0]}
+    text = path.read_text()
+    assert '"history": {\n          "output_throughput": [\n            1000.0,\n            1100.0\n' in text
+
+
+def test_history_is_bounded_and_restarts_when_the_config_changes(tmp_path: Path) -> None:
+    path = tmp_path / "baselines.json"
+    store = BaselineStore(path, keep_history=3)
+    for value in range(1, 7):
+        store.update([entry(metrics={"output_throughput": float(value)})])
+    key = ("tests/test_x.py::test_a", ENV.as_str())
+    assert BaselineStore(path).load()[key].history == {"output_throughput": [3.0, 4.0, 5.0]}
+    store.update([entry(metrics={"output_throughput": 7.0}, config="vllm serve m --max-num-seqs 4")])
+    assert BaselineStore(path).load()[key].history == {}
+    # Another environment's entry does not inherit either.
+    other = EnvKey("24gb", "NVIDIA L4", "0.33.0")
+    store.update([entry(metrics={"output_throughput": 8.0}, env=other)])
+    assert BaselineStore(path).load()[("tests/test_x.py::test_a", other.as_str())].history == {}
+
+
+def test_an_entry_without_history_writes_no_history_key(tmp_path: Path) -> None:
+    path = tmp_path / "baselines.json"
+    BaselineStore(path).update([entry()])
+    assert "history" not in json.loads(path.read_text())["baselines"]["tests/test_x.py::test_a"][ENV.as_str()]
+
+
+def test_a_malformed_history_is_one_paragraph_naming_the_entry(tmp_path: Path) -> None:
+    path = tmp_path / "baselines.json"
+    BaselineStore(path).update([entry()])
+    document = json.loads(path.read_text())
+    document["baselines"]["tests/test_x.py::test_a"][ENV.as_str()]["history"] = {"output_throughput": [1.0, "fast"]}
+    path.write_text(json.dumps(document))
+    before = path.read_bytes()
+    with pytest.raises(BaselineError) as info:
+        BaselineStore(path).load()
+    message = str(info.value)
+    assert "\n" not in message and str(path) in message and "'history' must map metric names" in message
+    assert "tests/test_x.py::test_a" in message
+    with pytest.raises(BaselineError):
+        BaselineStore(path).update([entry()])
+    assert path.read_bytes() == before

@@ -23,9 +23,16 @@ DEVICE = "Intel(R) Xeon(R) Processor"
 
 
 def entry(version: str, tier: str = "24gb", device: str = DEVICE, **metrics: float) -> BaselineEntry:
-    return BaselineEntry("t.py::test_a", EnvKey(tier, device, version), metrics or {"output_throughput": 1000.0},
-                         runs=1, config="vllm serve m", recorded_at="2026-11-30T05:00:00Z", commit="abc1234",
-                         host="ci-1")
+    return BaselineEntry(
+        "t.py::test_a",
+        EnvKey(tier, device, version),
+        metrics or {"output_throughput": 1000.0},
+        runs=1,
+        config="vllm serve m",
+        recorded_at="2026-11-30T05:00:00Z",
+        commit="abc1234",
+        host="ci-1",
+    )
 
 
 def candidates(*entries: BaselineEntry) -> dict[EnvKey, BaselineEntry]:
@@ -41,13 +48,16 @@ def test_own_environment_wins() -> None:
     assert match is not None and match.exact and match.vllm_version == "0.32.0"
 
 
-@pytest.mark.parametrize(("running", "recorded", "expected"), [
-    ("0.32.0", ["0.10.2", "0.27.1", "0.33.0"], "0.27.1"),  # the newest not newer: what the upgrade came from
-    ("0.32.0", ["0.27.1", "0.27.10"], "0.27.10"),  # release order, not text order
-    ("0.33.0", ["0.33.0rc1", "0.32.0"], "0.33.0rc1"),  # a release candidate is older than its release
-    ("0.10.2", ["0.27.1", "0.32.0"], "0.27.1"),  # nothing older: the nearest newer one (a downgrade)
-    ("0.32.0", ["unknown", "0.33.0"], "0.33.0"),  # a version that does not parse is matched only exactly
-])
+@pytest.mark.parametrize(
+    ("running", "recorded", "expected"),
+    [
+        ("0.32.0", ["0.10.2", "0.27.1", "0.33.0"], "0.27.1"),  # the newest not newer: what the upgrade came from
+        ("0.32.0", ["0.27.1", "0.27.10"], "0.27.10"),  # release order, not text order
+        ("0.33.0", ["0.33.0rc1", "0.32.0"], "0.33.0rc1"),  # a release candidate is older than its release
+        ("0.10.2", ["0.27.1", "0.32.0"], "0.27.1"),  # nothing older: the nearest newer one (a downgrade)
+        ("0.32.0", ["unknown", "0.33.0"], "0.33.0"),  # a version that does not parse is matched only exactly
+    ],
+)
 def test_closest_version_rule(running: str, recorded: list[str], expected: str) -> None:
     match = select_baseline(candidates(*(entry(v) for v in recorded)), EnvKey("24gb", DEVICE, running))
     assert match is not None and not match.exact and match.vllm_version == expected
@@ -87,18 +97,32 @@ def test_every_comparison_names_the_version_and_a_regression_across_an_upgrade_f
 # ---------------------------------------------------------------------------------------------------------- re-plan
 
 
-def untiered(device_gib: float, requested_gib: float, kv_gib: float, tokens: float, peak_gib: float,
-             tier: str = "auto") -> BaselineEntry:
-    return entry("0.32.0", tier=tier, device_memory=device_gib * GIB, requested_memory=requested_gib * GIB,
-                 kv_cache_memory=kv_gib * GIB, kv_cache_tokens=tokens, startup_peak_memory=peak_gib * GIB,
-                 output_throughput=1000.0)
+def untiered(
+    device_gib: float, requested_gib: float, kv_gib: float, tokens: float, peak_gib: float, tier: str = "auto"
+) -> BaselineEntry:
+    return entry(
+        "0.32.0",
+        tier=tier,
+        device_memory=device_gib * GIB,
+        requested_memory=requested_gib * GIB,
+        kv_cache_memory=kv_gib * GIB,
+        kv_cache_tokens=tokens,
+        startup_peak_memory=peak_gib * GIB,
+        output_throughput=1000.0,
+    )
 
 
-def now_samples(device_gib: float, requested_gib: float, kv_gib: float, tokens: float, peak_gib: float
-                ) -> dict[str, list[float]]:
-    return {"device_memory": [device_gib * GIB], "requested_memory": [requested_gib * GIB],
-            "kv_cache_memory": [kv_gib * GIB], "kv_cache_tokens": [tokens], "startup_peak_memory": [peak_gib * GIB],
-            "output_throughput": [1000.0]}
+def now_samples(
+    device_gib: float, requested_gib: float, kv_gib: float, tokens: float, peak_gib: float
+) -> dict[str, list[float]]:
+    return {
+        "device_memory": [device_gib * GIB],
+        "requested_memory": [requested_gib * GIB],
+        "kv_cache_memory": [kv_gib * GIB],
+        "kv_cache_tokens": [tokens],
+        "startup_peak_memory": [peak_gib * GIB],
+        "output_throughput": [1000.0],
+    }
 
 
 def test_an_untiered_run_on_more_node_memory_is_compared_with_the_replanned_baseline() -> None:
@@ -167,3 +191,49 @@ def test_a_judge_sees_both_sides_samples_and_its_detail_is_shown() -> None:
     data = comparison.to_dict()
     assert data["baseline_values"] == [990.0, 1000.0, 1010.0] and data["now_values"] == [900.0, 950.0]
     assert data["detail"] == "2 runs vs 3" and data["tolerance"] == "10%" and data["message"]
+
+
+def test_the_entrys_history_reaches_the_judge_and_the_record() -> None:
+    seen: list[Sample] = []
+
+    def judge(metric: Metric, baseline: Sample, now: Sample, tolerance: Tolerance) -> Verdict:
+        seen.append(baseline)
+        return Verdict("ok")
+
+    base = entry("0.32.0", output_throughput=1000.0)
+    base.spread = {"output_throughput": [990.0, 1000.0, 1010.0]}
+    base.history = {"output_throughput": [900.0, 1100.0, 950.0]}
+    [comparison] = compare(base, {"output_throughput": [960.0]}, {}, judge=judge)
+    assert seen == [Sample(1000.0, (990.0, 1000.0, 1010.0), (900.0, 1100.0, 950.0))]
+    assert comparison.to_dict()["baseline_history"] == [900.0, 1100.0, 950.0]
+
+
+def test_the_noise_judge_names_the_earlier_sessions_in_the_message() -> None:
+    from pytest_vllm_mem.metrics import resolve_tolerances
+    from pytest_vllm_mem.noise import noise_aware_judge
+
+    base = entry("0.32.0", output_throughput=1000.0)
+    base.spread = {"output_throughput": [990.0, 1000.0, 1010.0, 1005.0, 995.0]}
+    now = {"output_throughput": [820.0, 830.0, 810.0, 820.0]}
+    [tight] = compare(base, now, resolve_tolerances({}, {}, {}), judge=noise_aware_judge)
+    assert tight.status == "regressed" and "4 runs vs 5, tolerance" in tight.message()
+    # The recording session was a fast one: earlier sessions' medians scatter by about 15%.
+    base.history = {"output_throughput": [850.0, 1000.0, 1150.0]}
+    [widened] = compare(base, now, resolve_tolerances({}, {}, {}), judge=noise_aware_judge)
+    assert widened.status == "ok"
+    assert (
+        "(-18.0% +- " in widened.message() and "%, 4 runs vs 5, 3 earlier sessions, tolerance 10%" in widened.message()
+    )
+
+
+def test_a_replanned_comparison_goes_without_history() -> None:
+    seen: list[Sample] = []
+
+    def judge(metric: Metric, baseline: Sample, now: Sample, tolerance: Tolerance) -> Verdict:
+        seen.append(baseline)
+        return Verdict("ok")
+
+    base = untiered(10.0, 1.0, 0.5, 5000, 2.0)
+    base.history = {"kv_cache_tokens": [5100.0, 4900.0, 5000.0]}
+    compare(base, now_samples(12.0, 1.2, 0.7, 7000, 2.2), {}, judge=judge)
+    assert all(not s.history for s in seen)

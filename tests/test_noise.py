@@ -97,15 +97,66 @@ def test_single_runs_fall_back_to_the_floor_and_say_so() -> None:
 def test_history_of_earlier_sessions_widens_the_noise() -> None:
     base, now = [1000.0, 1002.0, 998.0], [850.0, 852.0, 848.0]
     alone = decide(base, now, higher_is_better=True, floor=0.10)
-    assert alone.status == "regressed"
-    # Earlier sessions' medians moved +-20% from session to session: a 15% shift is within that.
+    assert alone.status == "regressed" and alone.n_history == 0 and alone.between is None
+    # Earlier sessions' medians moved +-10-20% from session to session: a 15% shift is within that.
     history = [1000.0, 1200.0, 800.0, 1100.0, 900.0]
     widened = decide(base, now, higher_is_better=True, floor=0.10, history=history)
     assert widened.status == "ok" and widened.n_history == 5
+    assert widened.between is not None and widened.stderr == pytest.approx(math.sqrt(2) * widened.between)
     assert widened.stderr is not None and alone.stderr is not None and widened.stderr > 5 * alone.stderr
-    assert "5 earlier sessions" in widened.summary()
-    # Fewer than three earlier sessions cannot show a spread and are not counted.
-    assert decide(base, now, higher_is_better=True, floor=0.10, history=[1000.0, 700.0]).n_history == 0
+    assert widened.summary().endswith(", 3 runs vs 3, 5 earlier sessions")
+    # A 70% drop stands out of even that session-to-session scatter.
+    assert decide(base, [300.0, 301.0, 299.0], higher_is_better=True, floor=0.10, history=history).status == "regressed"
+
+
+def test_one_earlier_session_is_not_weighed() -> None:
+    # With the baseline's own session that is one difference: too rough a spread to lean on.
+    d = decide([1000.0, 1002.0, 998.0], [850.0, 852.0, 848.0], higher_is_better=True, floor=0.10, history=[700.0])
+    assert d.n_history == 0 and d.between is None and d.status == "regressed"
+    two = decide(
+        [1000.0, 1002.0, 998.0], [850.0, 852.0, 848.0], higher_is_better=True, floor=0.10, history=[990.0, 700.0]
+    )
+    assert two.n_history == 2 and two.summary().endswith("2 earlier sessions")
+
+
+def test_quiet_history_does_not_narrow_the_noise_of_the_runs() -> None:
+    # Session medians closer together than the runs' own noise: the runs' spread stands (the larger one is taken).
+    base, now = [1000.0, 1100.0, 900.0], [1000.0, 1080.0, 920.0]
+    alone = decide(base, now, higher_is_better=True, floor=0.10)
+    quiet = decide(base, now, higher_is_better=True, floor=0.10, history=[1000.0, 1001.0, 999.0])
+    assert quiet.n_history == 3 and quiet.stderr == alone.stderr
+
+
+def test_history_lets_single_runs_see_the_noise() -> None:
+    alone = decide([1000.0], [800.0], higher_is_better=True, floor=0.10)
+    assert alone.stderr is None and alone.status == "regressed"
+    seen = decide([1000.0], [800.0], higher_is_better=True, floor=0.10, history=[1150.0, 900.0, 1050.0, 850.0])
+    assert seen.stderr is not None and seen.status == "ok" and "no repeats" not in seen.limit_text()
+    assert seen.detail().startswith("-20.0% +- ") and ", 1 run vs 1, 4 earlier sessions; limit " in seen.detail()
+
+
+def _session_rates(history_len: int, drop: float, trials: int = 1500) -> float:
+    """Failure rate of 3-vs-3 comparisons on a runner whose sessions shift by 10% (sd) and whose loads scatter by 3%
+    within a session; the baseline keeps `history_len` earlier sessions' medians."""
+    rng = np.random.default_rng(16)
+    failed = 0
+    for _ in range(trials):
+        shifts = np.exp(0.10 * rng.standard_normal(history_len + 2))
+        sessions = [1000 * s * np.exp(0.03 * rng.standard_normal(3)) for s in shifts]
+        history = [float(np.median(s)) for s in sessions[:-2]]
+        d = decide(
+            list(sessions[-2]), list(sessions[-1] * (1 - drop)), higher_is_better=True, floor=0.10, history=history
+        )
+        failed += d.status == "regressed"
+    return failed / trials
+
+
+def test_simulated_session_shifts_fail_healthy_runs_without_history_and_rarely_with_it() -> None:
+    without = _session_rates(0, 0.0)
+    with_history = _session_rates(5, 0.0)
+    assert without > 0.15  # repeats alone cannot see a shift of the whole machine
+    assert with_history < 0.03
+    assert _session_rates(5, 0.70) > 0.95  # a 70% drop is still caught
 
 
 def test_summary_and_detail_carry_the_statistics() -> None:
