@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # ---- the trivial endpoint (child process) -------------------------------------------------------------------------
 
+
 def serve(itl_ms: float, ttft_ms: float = 0.0) -> None:
     """After ttft_ms, stream max_tokens one-token chunks itl_ms apart, a usage chunk and [DONE]; print the port."""
     from aiohttp import web
@@ -41,12 +42,23 @@ def serve(itl_ms: float, ttft_ms: float = 0.0) -> None:
         for n in range(tokens):
             if n and itl_ms:
                 await asyncio.sleep(itl_ms / 1000)  # separate network reads per token, as from a real server
-            chunk = {"id": "cmpl-1", "object": "text_completion", "created": 0, "model": body["model"],
-                     "choices": [{"index": 0, "text": " hi", "logprobs": None, "finish_reason": None}]}
+            chunk = {
+                "id": "cmpl-1",
+                "object": "text_completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [{"index": 0, "text": " hi", "logprobs": None, "finish_reason": None}],
+            }
             await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": tokens, "total_tokens": prompt_tokens + tokens}
-        final = {"id": "cmpl-1", "object": "text_completion", "created": 0, "model": body["model"], "choices": [],
-                 "usage": usage}
+        final = {
+            "id": "cmpl-1",
+            "object": "text_completion",
+            "created": 0,
+            "model": body["model"],
+            "choices": [],
+            "usage": usage,
+        }
         await response.write(b"data: " + json.dumps(final).encode() + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
@@ -72,6 +84,7 @@ def serve(itl_ms: float, ttft_ms: float = 0.0) -> None:
 
 # ---- measuring (parent process) -----------------------------------------------------------------------------------
 
+
 def cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -88,16 +101,31 @@ def measure_run_load(base_url: str, args: argparse.Namespace) -> dict:
 
     cpu = cpu_seconds()
     wall = time.perf_counter()
-    result = run_load(base_url, "fake", num_prompts=args.num_prompts, concurrency=args.concurrency,
-                      max_tokens=args.max_tokens, prompt_len=32, timeout_s=600)
+    result = run_load(
+        base_url,
+        "fake",
+        num_prompts=args.num_prompts,
+        concurrency=args.concurrency,
+        max_tokens=args.max_tokens,
+        prompt_len=32,
+        timeout_s=600,
+    )
     wall = time.perf_counter() - wall
     cpu = cpu_seconds() - cpu
     assert result.ok, result.errors
     assert result.total_output_tokens == args.num_prompts * args.max_tokens
-    return {"client": "pytest_vllm_mem.load.run_load", "requests": result.completed, "wall_s": wall,
-            "req_per_s": result.request_throughput, "client_cpu_s": cpu,
-            "client_cpu_ms_per_req": 1000 * cpu / result.completed, "ttft_p50_ms": result.ttft.p50,
-            "tpot_p50_ms": result.tpot.p50, "itl_p50_ms": result.itl.p50, "itl_mean_ms": result.itl.mean}
+    return {
+        "client": "pytest_vllm_mem.load.run_load",
+        "requests": result.completed,
+        "wall_s": wall,
+        "req_per_s": result.request_throughput,
+        "client_cpu_s": cpu,
+        "client_cpu_ms_per_req": 1000 * cpu / result.completed,
+        "ttft_p50_ms": result.ttft.p50,
+        "tpot_p50_ms": result.tpot.p50,
+        "itl_p50_ms": result.itl.p50,
+        "itl_mean_ms": result.itl.mean,
+    }
 
 
 def measure_vllm_bench(base_url: str, args: argparse.Namespace) -> dict:
@@ -110,20 +138,40 @@ def measure_vllm_bench(base_url: str, args: argparse.Namespace) -> dict:
     prompts = make_prompts(args.num_prompts, 32)
 
     async def run() -> list:
-        connector = aiohttp.TCPConnector(limit=args.concurrency, limit_per_host=args.concurrency,
-                                         ttl_dns_cache=300, use_dns_cache=True, keepalive_timeout=60,
-                                         enable_cleanup_closed=True, force_close=False, ssl=False)
-        session = aiohttp.ClientSession(connector=connector, trust_env=True,
-                                        timeout=aiohttp.ClientTimeout(total=6 * 60 * 60))
+        connector = aiohttp.TCPConnector(
+            limit=args.concurrency,
+            limit_per_host=args.concurrency,
+            ttl_dns_cache=300,
+            use_dns_cache=True,
+            keepalive_timeout=60,
+            enable_cleanup_closed=True,
+            force_close=False,
+            ssl=False,
+        )
+        session = aiohttp.ClientSession(
+            connector=connector, trust_env=True, timeout=aiohttp.ClientTimeout(total=6 * 60 * 60)
+        )
         semaphore = asyncio.Semaphore(args.concurrency)
 
         async def limited(request_input):
             async with semaphore:
                 return await async_request_openai_completions(request_input, session)
 
-        tasks = [asyncio.create_task(limited(RequestFuncInput(
-            prompt=prompt, api_url=base_url + "/v1/completions", prompt_len=32, output_len=args.max_tokens,
-            model="fake", ignore_eos=True))) for prompt in prompts]
+        tasks = [
+            asyncio.create_task(
+                limited(
+                    RequestFuncInput(
+                        prompt=prompt,
+                        api_url=base_url + "/v1/completions",
+                        prompt_len=32,
+                        output_len=args.max_tokens,
+                        model="fake",
+                        ignore_eos=True,
+                    )
+                )
+            )
+            for prompt in prompts
+        ]
         outputs = await asyncio.gather(*tasks)
         await session.close()
         return outputs
@@ -139,19 +187,36 @@ def measure_vllm_bench(base_url: str, args: argparse.Namespace) -> dict:
 
     ok = [output for output in outputs if output.success]
     tpots = [(o.latency - o.ttft) / (o.output_tokens - 1) for o in ok if (o.output_tokens or 0) > 1]
-    return {"client": "vllm bench serve request func", "requests": completed, "wall_s": wall,
-            "req_per_s": completed / wall, "client_cpu_s": cpu, "client_cpu_ms_per_req": 1000 * cpu / completed,
-            "ttft_p50_ms": 1000 * float(np.median([o.ttft for o in ok])),
-            "tpot_p50_ms": 1000 * float(np.median(tpots)) if tpots else 0.0,
-            "itl_p50_ms": 1000 * float(np.median([gap for o in ok for gap in o.itl] or [0.0]))}
+    return {
+        "client": "vllm bench serve request func",
+        "requests": completed,
+        "wall_s": wall,
+        "req_per_s": completed / wall,
+        "client_cpu_s": cpu,
+        "client_cpu_ms_per_req": 1000 * cpu / completed,
+        "ttft_p50_ms": 1000 * float(np.median([o.ttft for o in ok])),
+        "tpot_p50_ms": 1000 * float(np.median(tpots)) if tpots else 0.0,
+        "itl_p50_ms": 1000 * float(np.median([gap for o in ok for gap in o.itl] or [0.0])),
+    }
 
 
-def measure(num_prompts: int = 5000, concurrency: int = 64, max_tokens: int = 4, itl_ms: float = 1.0,
-            compare: bool = True, profile: str | None = None, ttft_ms: float = 0.0) -> list[dict]:
+def measure(
+    num_prompts: int = 5000,
+    concurrency: int = 64,
+    max_tokens: int = 4,
+    itl_ms: float = 1.0,
+    compare: bool = True,
+    profile: str | None = None,
+    ttft_ms: float = 0.0,
+) -> list[dict]:
     """Start the fake endpoint, measure run_load (and with `compare` vllm bench's request function); one row each."""
     args = argparse.Namespace(num_prompts=num_prompts, concurrency=concurrency, max_tokens=max_tokens, itl_ms=itl_ms)
-    server = subprocess.Popen([sys.executable, __file__, "--serve", "--itl-ms", str(itl_ms), "--ttft-ms", str(ttft_ms)],
-                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve", "--itl-ms", str(itl_ms), "--ttft-ms", str(ttft_ms)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         base_url = f"http://127.0.0.1:{int(server.stdout.readline())}"
         if compare:
@@ -184,8 +249,12 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=5000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=4)
-    parser.add_argument("--itl-ms", type=float, default=1.0,
-                        help="gap between the fake's token chunks (0 = back to back, often one network read)")
+    parser.add_argument(
+        "--itl-ms",
+        type=float,
+        default=1.0,
+        help="gap between the fake's token chunks (0 = back to back, often one network read)",
+    )
     parser.add_argument("--ttft-ms", type=float, default=0.0, help="delay before the fake's first token chunk")
     parser.add_argument("--compare", action="store_true", help="also measure vllm bench serve's request function")
     parser.add_argument("--profile", metavar="FILE", help="write a cProfile of the run_load measurement to FILE")
@@ -193,13 +262,18 @@ def main() -> None:
     if args.serve:
         serve(args.itl_ms, args.ttft_ms)
         return
-    rows = measure(args.num_prompts, args.concurrency, args.max_tokens, args.itl_ms, args.compare, args.profile,
-                   args.ttft_ms)
-    print(f"{args.num_prompts} streaming requests, max_tokens {args.max_tokens}, concurrency {args.concurrency}, "
-          f"chunks {args.itl_ms:g} ms apart, {os.cpu_count()} CPUs, server in a separate process")
+    rows = measure(
+        args.num_prompts, args.concurrency, args.max_tokens, args.itl_ms, args.compare, args.profile, args.ttft_ms
+    )
+    print(
+        f"{args.num_prompts} streaming requests, max_tokens {args.max_tokens}, concurrency {args.concurrency}, "
+        f"chunks {args.itl_ms:g} ms apart, {os.cpu_count()} CPUs, server in a separate process"
+    )
     for row in rows:
-        print(f"  {row['client']:<32} {row['req_per_s']:8.0f} req/s   client CPU {row['client_cpu_ms_per_req']:.3f}"
-              f" ms/req ({row['client_cpu_s']:.2f} s)   server CPU {row['server_cpu_ms_per_req']:.3f} ms/req")
+        print(
+            f"  {row['client']:<32} {row['req_per_s']:8.0f} req/s   client CPU {row['client_cpu_ms_per_req']:.3f}"
+            f" ms/req ({row['client_cpu_s']:.2f} s)   server CPU {row['server_cpu_ms_per_req']:.3f} ms/req"
+        )
     print(json.dumps(rows))
 
 

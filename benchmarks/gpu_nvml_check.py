@@ -70,8 +70,9 @@ class Phase:
 
 
 def smi(*args: str) -> list[list[str]]:
-    output = subprocess.run(["nvidia-smi", *args, "--format=csv,noheader,nounits"], capture_output=True, text=True,
-                            timeout=30, check=True).stdout
+    output = subprocess.run(
+        ["nvidia-smi", *args, "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30, check=True
+    ).stdout
     return [[cell.strip() for cell in line.split(",")] for line in output.splitlines() if line.strip()]
 
 
@@ -124,16 +125,23 @@ def main() -> int:
     if device.uuid:
         by_uuid = detect_devices(device.uuid)[0]
         by_prefix = detect_devices(device.uuid[:12])[0]
-        check("resolution", by_uuid == device == by_prefix and detect_devices(str(device.index))[0].index ==
-              device.index, f"index {device.index}, UUID {device.uuid} and prefix {device.uuid[:12]} name one device")
+        check(
+            "resolution",
+            by_uuid == device == by_prefix and detect_devices(str(device.index))[0].index == device.index,
+            f"index {device.index}, UUID {device.uuid} and prefix {device.uuid[:12]} name one device",
+        )
     smi_total = smi_device("memory.total", smi_id)
-    check("total", abs(smi_total - device.total_bytes) < MIB,
-          f"probe {device.total_bytes / MIB:.0f} MiB, nvidia-smi {smi_total / MIB:.0f} MiB")
+    check(
+        "total",
+        abs(smi_total - device.total_bytes) < MIB,
+        f"probe {device.total_bytes / MIB:.0f} MiB, nvidia-smi {smi_total / MIB:.0f} MiB",
+    )
 
     probe = make_probe(server_devices(visible, {}))  # as a server is measured: created before its processes
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": smi_id}
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(args.gib)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True, env=env)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(args.gib)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
     sampler = MemorySampler(probe, child.pid, close_probe=True).start()
     figures: dict[str, Any] = {"gib": args.gib, "device": device.name, "uuid": device.uuid}
     try:
@@ -147,8 +155,13 @@ def main() -> int:
             time.sleep(SETTLE_S)
             started = sampler.mark(phase)
             reading = sampler.sample_now()
-            phases[phase] = Phase(started, reading or 0, probe.device_used_bytes(),
-                                  smi_device("memory.used", smi_id), smi_process(child.pid, device.uuid))
+            phases[phase] = Phase(
+                started,
+                reading or 0,
+                probe.device_used_bytes(),
+                smi_device("memory.used", smi_id),
+                smi_process(child.pid, device.uuid),
+            )
         send(child)
         child.wait(timeout=60)
     finally:
@@ -161,32 +174,53 @@ def main() -> int:
     size = int(args.gib * GIB)
 
     rise = allocated.probe_bytes - context.probe_bytes
-    check("allocation", size - 2 * MIB <= rise <= size + ALLOCATION_SLACK,
-          f"probe rose {rise / MIB:.0f} MiB for a {size / MIB:.0f} MiB tensor (torch reserved "
-          f"{figures['torch_reserved_bytes'] / MIB:.0f} MiB; mode {figures['mode']})")
+    check(
+        "allocation",
+        size - 2 * MIB <= rise <= size + ALLOCATION_SLACK,
+        f"probe rose {rise / MIB:.0f} MiB for a {size / MIB:.0f} MiB tensor (torch reserved "
+        f"{figures['torch_reserved_bytes'] / MIB:.0f} MiB; mode {figures['mode']})",
+    )
     if allocated.smi_process is None:
-        check("per process", figures["mode"] == "device_delta",
-              "nvidia-smi lists no compute process for the child (PID namespace?): the probe must then be in "
-              f"device_delta mode; it is in {figures['mode']}")
+        check(
+            "per process",
+            figures["mode"] == "device_delta",
+            "nvidia-smi lists no compute process for the child (PID namespace?): the probe must then be in "
+            f"device_delta mode; it is in {figures['mode']}",
+        )
     else:
         for phase in ("context", "allocated"):
             ours, theirs = phases[phase].probe_bytes, phases[phase].smi_process or 0
-            check(f"per process ({phase})", abs(ours - theirs) < MIB,
-                  f"probe {ours / MIB:.0f} MiB, nvidia-smi used_memory {theirs / MIB:.0f} MiB")
+            check(
+                f"per process ({phase})",
+                abs(ours - theirs) < MIB,
+                f"probe {ours / MIB:.0f} MiB, nvidia-smi used_memory {theirs / MIB:.0f} MiB",
+            )
     probe_delta = allocated.probe_device_used - context.probe_device_used
     smi_delta = allocated.smi_used - context.smi_used
-    check("per device", abs(probe_delta - smi_delta) <= 4 * MIB,
-          f"device used rose {probe_delta / MIB:.0f} MiB (probe) and {smi_delta / MIB:.0f} MiB (nvidia-smi); "
-          f"absolute: probe {allocated.probe_device_used / MIB:.0f} MiB, nvidia-smi "
-          f"{allocated.smi_used / MIB:.0f} MiB")
+    check(
+        "per device",
+        abs(probe_delta - smi_delta) <= 4 * MIB,
+        f"device used rose {probe_delta / MIB:.0f} MiB (probe) and {smi_delta / MIB:.0f} MiB (nvidia-smi); "
+        f"absolute: probe {allocated.probe_device_used / MIB:.0f} MiB, nvidia-smi "
+        f"{allocated.smi_used / MIB:.0f} MiB",
+    )
     peak = sampler.peak_between(context.t, freed.t)
-    check("peak", peak - context.probe_bytes >= size - 2 * MIB,
-          f"peak {peak / MIB:.0f} MiB over the context's {context.probe_bytes / MIB:.0f} MiB")
-    check("free seen", freed.probe_bytes <= allocated.probe_bytes - size + ALLOCATION_SLACK,
-          f"after the free the probe read {freed.probe_bytes / MIB:.0f} MiB")
-    check("no missing sample", sampler.missed_samples == 0,
-          f"{sampler.missed_samples} missed of {sampler.missed_samples + len(sampler.samples)}"
-          + (f": {sampler.missed_reason}" if sampler.missed_reason else ""))
+    check(
+        "peak",
+        peak - context.probe_bytes >= size - 2 * MIB,
+        f"peak {peak / MIB:.0f} MiB over the context's {context.probe_bytes / MIB:.0f} MiB",
+    )
+    check(
+        "free seen",
+        freed.probe_bytes <= allocated.probe_bytes - size + ALLOCATION_SLACK,
+        f"after the free the probe read {freed.probe_bytes / MIB:.0f} MiB",
+    )
+    check(
+        "no missing sample",
+        sampler.missed_samples == 0,
+        f"{sampler.missed_samples} missed of {sampler.missed_samples + len(sampler.samples)}"
+        + (f": {sampler.missed_reason}" if sampler.missed_reason else ""),
+    )
     figures["samples"] = len(sampler.samples)
     figures["checks"] = checks
     if args.json:

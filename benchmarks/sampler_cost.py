@@ -67,8 +67,11 @@ def wake_floor(period_s: float, seconds: float) -> dict[str, Any]:
     thread = threading.Thread(target=sleeper)
     thread.start()
     thread.join()
-    return {"period_s": period_s, "cpu_percent_of_one_core": 100 * used[0] / seconds,
-            "cpu_us_per_wake": 1e6 * used[0] / int(seconds / period_s)}
+    return {
+        "period_s": period_s,
+        "cpu_percent_of_one_core": 100 * used[0] / seconds,
+        "cpu_us_per_wake": 1e6 * used[0] / int(seconds / period_s),
+    }
 
 
 def sampler_cpu(root_pid: int, seconds: float = 10.0, period_s: float | None = None) -> dict[str, Any]:
@@ -82,12 +85,19 @@ def sampler_cpu(root_pid: int, seconds: float = 10.0, period_s: float | None = N
         time.sleep(seconds)
     wall = time.monotonic() - started
     samples = len(sampler.samples)
-    return {"root_pid": root_pid, "tree_processes": len(process_tree(root_pid)), "period_s": sampler.period_s,
-            "wall_s": wall, "samples": samples, "cpu_time_s": sampler.cpu_time_s,
-            "cpu_percent_of_one_core": 100 * sampler.cpu_time_s / wall,
-            "cpu_us_per_sample": 1e6 * sampler.cpu_time_s / max(samples, 1),
-            "achieved_period_ms": 1000 * wall / max(samples, 1), "error": repr(sampler.error) if sampler.error else None,
-            "meets_target": 100 * sampler.cpu_time_s / wall < CPU_TARGET_PERCENT}
+    return {
+        "root_pid": root_pid,
+        "tree_processes": len(process_tree(root_pid)),
+        "period_s": sampler.period_s,
+        "wall_s": wall,
+        "samples": samples,
+        "cpu_time_s": sampler.cpu_time_s,
+        "cpu_percent_of_one_core": 100 * sampler.cpu_time_s / wall,
+        "cpu_us_per_sample": 1e6 * sampler.cpu_time_s / max(samples, 1),
+        "achieved_period_ms": 1000 * wall / max(samples, 1),
+        "error": repr(sampler.error) if sampler.error else None,
+        "meets_target": 100 * sampler.cpu_time_s / wall < CPU_TARGET_PERCENT,
+    }
 
 
 def peak_catch(trials: int = 10, size_mb: int = PEAK_MB, hold_s: float = PEAK_HOLD_S, seed: int = 0) -> dict[str, Any]:
@@ -96,8 +106,13 @@ def peak_catch(trials: int = 10, size_mb: int = PEAK_MB, hold_s: float = PEAK_HO
 
     size = size_mb * 10**6
     rng = random.Random(seed)
-    child = subprocess.Popen([sys.executable, "-c", _PEAK_CHILD, str(size), str(hold_s)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _PEAK_CHILD, str(size), str(hold_s)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     rows = []
     try:
         sampler = MemorySampler(ProcessTreeProbe(), child.pid).start()
@@ -117,16 +132,29 @@ def peak_catch(trials: int = 10, size_mb: int = PEAK_MB, hold_s: float = PEAK_HO
                 lag = sampler.period_s if getattr(sampler.probe, "tracks_peaks", False) else 0.0
                 during = [b for t, b in samples if times["t1"] <= t <= times["t3"] + lag + 0.005]
                 seen = max(during, default=level) - level
-                rows.append({"ramp_ms": 1000 * (times["t1"] - times["t0"]), "held_ms": 1000 * (times["t2"] - times["t1"]),
-                             "samples_in_peak": len(during), "seen_mb": seen / 1e6, "caught": seen >= 0.9 * size})
+                rows.append(
+                    {
+                        "ramp_ms": 1000 * (times["t1"] - times["t0"]),
+                        "held_ms": 1000 * (times["t2"] - times["t1"]),
+                        "samples_in_peak": len(during),
+                        "seen_mb": seen / 1e6,
+                        "caught": seen >= 0.9 * size,
+                    }
+                )
         finally:
             sampler.stop()
     finally:
         child.stdin.close()
         child.wait(10)
     caught = sum(row["caught"] for row in rows)
-    return {"size_mb": size_mb, "hold_ms": 1000 * hold_s, "trials": trials, "caught": caught, "rows": rows,
-            "meets_target": caught == trials}
+    return {
+        "size_mb": size_mb,
+        "hold_ms": 1000 * hold_s,
+        "trials": trials,
+        "caught": caught,
+        "rows": rows,
+        "meets_target": caught == trials,
+    }
 
 
 def main() -> None:
@@ -143,16 +171,24 @@ def main() -> None:
         args.pid = server.pid
     try:
         seconds = 5.0 if args.quick else 10.0
-        figures = {"cpu": sampler_cpu(args.pid, seconds), "cpu_at_50ms": sampler_cpu(args.pid, seconds, 0.05),
-                   "wake_floor_50ms": wake_floor(0.05, seconds), "peak": peak_catch(5 if args.quick else 10)}
+        figures = {
+            "cpu": sampler_cpu(args.pid, seconds),
+            "cpu_at_50ms": sampler_cpu(args.pid, seconds, 0.05),
+            "wake_floor_50ms": wake_floor(0.05, seconds),
+            "peak": peak_catch(5 if args.quick else 10),
+        }
     finally:
         if state is not None:
             state.close()
     cpu, peak = figures["cpu"], figures["peak"]
-    print(f"sampler CPU {cpu['cpu_percent_of_one_core']:.3f}% of one core ({cpu['cpu_us_per_sample']:.0f} us/sample, "
-          f"{cpu['samples']} samples of {cpu['tree_processes']} processes)")
-    print(f"at 50 ms: {figures['cpu_at_50ms']['cpu_percent_of_one_core']:.3f}%; a thread that only sleeps 50 ms at a "
-          f"time: {figures['wake_floor_50ms']['cpu_percent_of_one_core']:.3f}%")
+    print(
+        f"sampler CPU {cpu['cpu_percent_of_one_core']:.3f}% of one core ({cpu['cpu_us_per_sample']:.0f} us/sample, "
+        f"{cpu['samples']} samples of {cpu['tree_processes']} processes)"
+    )
+    print(
+        f"at 50 ms: {figures['cpu_at_50ms']['cpu_percent_of_one_core']:.3f}%; a thread that only sleeps 50 ms at a "
+        f"time: {figures['wake_floor_50ms']['cpu_percent_of_one_core']:.3f}%"
+    )
     print(f"{peak['size_mb']} MB peaks held {peak['hold_ms']:.0f} ms: caught {peak['caught']}/{peak['trials']}")
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")

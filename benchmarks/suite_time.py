@@ -40,7 +40,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "aot": {"VLLM_USE_AOT_COMPILE": "1"},
 }
 
-_SUITE = '''
+_SUITE = """
 import pytest
 
 from pytest_vllm_mem import VLLMConfig, VLLMStartupError
@@ -63,7 +63,7 @@ def test_bad_flag_fails_fast(vllm_start):
     with pytest.raises(VLLMStartupError) as error:
         vllm_start(VLLMConfig("tiny", gpu_memory_utilization=0.1, max_model_lenn=512))
     assert error.value.kind == "bad_flag"
-'''
+"""
 
 # Lines of a vLLM log that say whether the torch.compile cache was used and what compiling cost.
 _COMPILE_LINE = re.compile(r"AOT compil|Compiling model again|torch\.compile take|Compiling a graph|init engine")
@@ -85,21 +85,39 @@ def compile_notes(log_dir: Path) -> list[dict[str, Any]]:
                 message = line.split("] ", 1)[-1]
                 lines.append(re.sub(r"/\S+/torch_compile_cache/\S+", "<cache>", message)[:200])
         engine = [float(m.group(1)) for line in lines if (m := re.search(r"init engine .* took ([0-9.]+) s", line))]
-        notes.append({"log": log.name, "aot_cache_loaded": any("Directly load AOT" in line for line in lines),
-                      "recompiled_after_load_failure": any(AOT_LOAD_FAILURE in line for line in lines),
-                      "init_engine_s": engine[0] if engine else None, "lines": lines})
+        notes.append(
+            {
+                "log": log.name,
+                "aot_cache_loaded": any("Directly load AOT" in line for line in lines),
+                "recompiled_after_load_failure": any(AOT_LOAD_FAILURE in line for line in lines),
+                "init_engine_s": engine[0] if engine else None,
+                "lines": lines,
+            }
+        )
     return notes
 
 
 def run_suite(suite: Path, cache_dir: Path, label: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     """One pytest run of the inner suite; its figures from the results JSON and the junit XML."""
     results, junit, logs = suite / f"results-{label}.json", suite / f"junit-{label}.xml", suite / f"logs-{label}"
-    argv = [sys.executable, "-m", "pytest", str(suite), "-q", "-p", "no:cacheprovider", f"--vllm-cache-dir={cache_dir}",
-            f"--vllm-results={results}", f"--vllm-log-dir={logs}", f"--junitxml={junit}",
-            f"--vllm-baseline={suite / 'baselines.json'}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(suite),
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--vllm-cache-dir={cache_dir}",
+        f"--vllm-results={results}",
+        f"--vllm-log-dir={logs}",
+        f"--junitxml={junit}",
+        f"--vllm-baseline={suite / 'baselines.json'}",
+    ]
     started = time.perf_counter()
-    completed = subprocess.run(argv, cwd=suite, capture_output=True, text=True, start_new_session=True,
-                               env={**os.environ, **(env or {})})
+    completed = subprocess.run(
+        argv, cwd=suite, capture_output=True, text=True, start_new_session=True, env={**os.environ, **(env or {})}
+    )
     wall = time.perf_counter() - started
     data = json.loads(results.read_text())
     tests = {}
@@ -117,12 +135,21 @@ def run_suite(suite: Path, cache_dir: Path, label: str, env: dict[str, str] | No
     startups_s = sum(s["duration_s"] for s in startups)
     distinct = len({test["launched"] for test in data["tests"] if (test.get("startup") or {}).get("ok")})
     return {
-        "label": label, "env": env or {}, "exit_code": completed.returncode, "wall_s": wall, "tests": tests,
-        "server_startups": data["server_startups"], "distinct_configs_started": distinct, "startups": startups,
-        "startups_s": startups_s, "loads_s": loads_s, "overhead_s": wall - startups_s - loads_s,
+        "label": label,
+        "env": env or {},
+        "exit_code": completed.returncode,
+        "wall_s": wall,
+        "tests": tests,
+        "server_startups": data["server_startups"],
+        "distinct_configs_started": distinct,
+        "startups": startups,
+        "startups_s": startups_s,
+        "loads_s": loads_s,
+        "overhead_s": wall - startups_s - loads_s,
         "first_startup_s": startups[0]["duration_s"] if startups else None,
         "bad_flag_s": tests.get("test_bad_flag_fails_fast", {}).get("time_s"),
-        "compile": (notes := compile_notes(logs)), "leaked_server_pids": data.get("leaked_server_pids"),
+        "compile": (notes := compile_notes(logs)),
+        "leaked_server_pids": data.get("leaked_server_pids"),
         "init_engine_s": [note["init_engine_s"] for note in notes],
         "pytest_tail": completed.stdout.splitlines()[-3:],
     }
@@ -152,8 +179,13 @@ def measure(quick: bool, workdir: Path, variants: tuple[str, ...] = ("default",)
     write_suite(suite, lengths, num_prompts)
     parts = cold_cost_parts(workdir / "scratch")
     log(f"  cold cache parts: tiny model {parts['tiny_model_build_s']:.1f} s, flag table {parts['flag_table_s']:.1f} s")
-    figures: dict[str, Any] = {"configs": len(lengths), "tests": len(lengths) + 2, "num_prompts_per_load": num_prompts,
-                               "cold_cache_parts": parts, "variants": {}}
+    figures: dict[str, Any] = {
+        "configs": len(lengths),
+        "tests": len(lengths) + 2,
+        "num_prompts_per_load": num_prompts,
+        "cold_cache_parts": parts,
+        "variants": {},
+    }
     for variant in variants:
         cache_dir = workdir / f"cache-{variant}"  # empty: the first run is cold
         env = {key: value.format(cache=cache_dir) for key, value in VARIANTS[variant].items()}
@@ -161,19 +193,30 @@ def measure(quick: bool, workdir: Path, variants: tuple[str, ...] = ("default",)
         for label in ("cold", "warm"):
             run = run_suite(suite, cache_dir, f"{variant}-{label}", env)
             runs.append(run)
-            log(f"  {variant} {label}: wall {run['wall_s']:.1f} s = startups {run['startups_s']:.1f} s "
-                f"({run['server_startups']} for {run['distinct_configs_started']} configs) + loads {run['loads_s']:.1f} s"
+            log(
+                f"  {variant} {label}: wall {run['wall_s']:.1f} s = startups {run['startups_s']:.1f} s "
+                f"({run['server_startups']} for {run['distinct_configs_started']} configs) "
+                f"+ loads {run['loads_s']:.1f} s"
                 f" + other {run['overhead_s']:.1f} s; first startup {run['first_startup_s']} s; bad flag "
-                f"{run['bad_flag_s']} s; exit {run['exit_code']}  (load avg {os.getloadavg()[0]:.1f})", flush=True)
+                f"{run['bad_flag_s']} s; exit {run['exit_code']}  (load avg {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
         cold, warm = runs
         figures["variants"][variant] = {
-            "env": env, "runs": runs,
-            "cold_first_startup_s": cold["first_startup_s"], "warm_first_startup_s": warm["first_startup_s"],
-            "warm_over_cold_first_startup": (warm["first_startup_s"] / cold["first_startup_s"]
-                                             if cold["first_startup_s"] and warm["first_startup_s"] else None),
+            "env": env,
+            "runs": runs,
+            "cold_first_startup_s": cold["first_startup_s"],
+            "warm_first_startup_s": warm["first_startup_s"],
+            "warm_over_cold_first_startup": (
+                warm["first_startup_s"] / cold["first_startup_s"]
+                if cold["first_startup_s"] and warm["first_startup_s"]
+                else None
+            ),
             "mean_startup_cold_s": cold["startups_s"] / max(len(cold["startups"]), 1),
             "mean_startup_warm_s": warm["startups_s"] / max(len(warm["startups"]), 1),
-            "mean_init_engine_cold_s": _mean(cold["init_engine_s"]), "mean_init_engine_warm_s": _mean(warm["init_engine_s"])}
+            "mean_init_engine_cold_s": _mean(cold["init_engine_s"]),
+            "mean_init_engine_warm_s": _mean(warm["init_engine_s"]),
+        }
     return figures
 
 

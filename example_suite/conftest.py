@@ -26,8 +26,10 @@ def strategies(model: str, **common) -> list:
         pytest.param(VLLMConfig(model, gpu_memory_utilization=0.7, **common), id="A-util0.7"),
         pytest.param(VLLMConfig(model, gpu_memory_utilization=0.8, max_model_len=2048, **common), id="B-len2048"),
         pytest.param(VLLMConfig(model, gpu_memory_utilization=0.8, enforce_eager=True, **common), id="C-eager"),
-        pytest.param(VLLMConfig(model, gpu_memory_utilization=0.75, max_model_len=4096, enforce_eager=True,
-                                **common), id="D-combined"),
+        pytest.param(
+            VLLMConfig(model, gpu_memory_utilization=0.75, max_model_len=4096, enforce_eager=True, **common),
+            id="D-combined",
+        ),
     ]
 
 

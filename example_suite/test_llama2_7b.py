@@ -8,8 +8,8 @@ and stays inside its tier; a known-bad config fails for the right reason.
 from __future__ import annotations
 
 import pytest
-
 from conftest import LARGE_CARD_CONFIGS, SMALL_CARD_CONFIGS
+
 from pytest_vllm_mem import VLLMStartupError
 
 

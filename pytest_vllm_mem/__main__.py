@@ -10,14 +10,23 @@ import argparse
 import json
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from .settings import Settings, UsageError
 from .plan_cli import add_plan_parser
+from .settings import Settings, UsageError
 from .tiers import TierError, parse_tier
-from .tune import (DEFAULT_MAX_STARTUPS, DEFAULT_RESOLUTION, GOALS, UTILIZATION_FLAG, LoadSpec, TuneError,
-                   TuneResult, tune)
+from .tune import (
+    DEFAULT_MAX_STARTUPS,
+    DEFAULT_RESOLUTION,
+    GOALS,
+    UTILIZATION_FLAG,
+    LoadSpec,
+    TuneError,
+    TuneResult,
+    tune,
+)
 
 EXIT_FOUND, EXIT_NONE_WORKED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -56,63 +65,116 @@ def _flag(text: str) -> tuple[str, Any]:
     key, sep, value = text.partition("=")
     key = key.strip().lstrip("-").replace("-", "_")
     if not key or not key.replace("_", "").isalnum():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a vLLM flag: write NAME=VALUE (max_model_len=1024) or a "
-                                         "bare NAME for an on/off flag (enforce_eager)")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a vLLM flag: write NAME=VALUE (max_model_len=1024) or a "
+            "bare NAME for an on/off flag (enforce_eager)"
+        )
     if key == UTILIZATION_FLAG:
-        raise argparse.ArgumentTypeError(f"{text!r}: {UTILIZATION_FLAG} is what the tuner searches; give its range "
-                                         "with --low and --high")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: {UTILIZATION_FLAG} is what the tuner searches; give its range with --low and --high"
+        )
     if key in ("model", "host", "port"):
-        raise argparse.ArgumentTypeError(f"{text!r}: --{key} is set by the tuner itself (--model names the model; "
-                                         "servers bind 127.0.0.1 on a free port)")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: --{key} is set by the tuner itself (--model names the model; "
+            "servers bind 127.0.0.1 on a free port)"
+        )
     return key, (value if sep else True)
 
 
 def _env(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"{text!r} is not an environment variable: write NAME=VALUE, e.g. "
-                                         "VLLM_CPU_KVCACHE_SPACE=1")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an environment variable: write NAME=VALUE, e.g. VLLM_CPU_KVCACHE_SPACE=1"
+        )
     return key.strip(), value
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pytest_vllm_mem",
-                                     description="pytest-vllm-mem tools that run outside pytest.")
+    parser = argparse.ArgumentParser(
+        prog="python -m pytest_vllm_mem", description="pytest-vllm-mem tools that run outside pytest."
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     tune_parser = commands.add_parser(
-        "tune", help="find the highest gpu_memory_utilization that starts and survives a load on a tier",
+        "tune",
+        help="find the highest gpu_memory_utilization that starts and survives a load on a tier",
         description="Bisect gpu_memory_utilization: each trial starts a fresh vLLM server, runs a short concurrent "
-                    "load and checks the peak against the tier. Prints each trial, then the recommended command "
-                    "and its headroom. Exit 0 with a recommendation, 1 when no value in the range worked.")
+        "load and checks the peak against the tier. Prints each trial, then the recommended command "
+        "and its headroom. Exit 0 with a recommendation, 1 when no value in the range worked.",
+    )
     add = tune_parser.add_argument
     add("--model", required=True, help="model name, local folder, or 'tiny' (the built-in random-weight model)")
-    add("--tier", type=_tier, default="auto",
+    add(
+        "--tier",
+        type=_tier,
+        default="auto",
         help="GPU memory tier: 8gb, 16gb, 24gb, 40gb, 80gb, NNgb, NNgib or auto (the device's memory); the "
-             "utilization is a fraction of the tier (default: auto)")
-    add("--low", type=_fraction, default=None,
-        help="lowest utilization tried (default 0.5 on a GPU, 0.05 on the CPU backend)")
-    add("--high", type=_fraction, default=None,
-        help="highest utilization tried (default 0.95 on a GPU, 0.5 on the CPU backend)")
-    add("--resolution", type=_step, default=DEFAULT_RESOLUTION,
-        help=f"search step: the boundary is found to within this (default {DEFAULT_RESOLUTION})")
-    add("--max-startups", type=_positive_int, default=DEFAULT_MAX_STARTUPS,
-        help=f"most server startups (trials) to spend (default {DEFAULT_MAX_STARTUPS})")
-    add("--find", choices=GOALS, default="auto",
+        "utilization is a fraction of the tier (default: auto)",
+    )
+    add(
+        "--low",
+        type=_fraction,
+        default=None,
+        help="lowest utilization tried (default 0.5 on a GPU, 0.05 on the CPU backend)",
+    )
+    add(
+        "--high",
+        type=_fraction,
+        default=None,
+        help="highest utilization tried (default 0.95 on a GPU, 0.5 on the CPU backend)",
+    )
+    add(
+        "--resolution",
+        type=_step,
+        default=DEFAULT_RESOLUTION,
+        help=f"search step: the boundary is found to within this (default {DEFAULT_RESOLUTION})",
+    )
+    add(
+        "--max-startups",
+        type=_positive_int,
+        default=DEFAULT_MAX_STARTUPS,
+        help=f"most server startups (trials) to spend (default {DEFAULT_MAX_STARTUPS})",
+    )
+    add(
+        "--find",
+        choices=GOALS,
+        default="auto",
         help="highest: the largest working value (out-of-memory above it); lowest: the smallest (too little KV "
-             "cache below it); auto: highest on a GPU, lowest on the CPU backend (default)")
-    add("--flag", type=_flag, action="append", default=[], metavar="NAME[=VALUE]",
-        help="a vLLM flag for every trial, e.g. --flag max_model_len=4096 --flag enforce_eager (repeatable)")
-    add("--env", type=_env, action="append", default=[], metavar="NAME=VALUE",
-        help="an environment variable for the server (repeatable)")
+        "cache below it); auto: highest on a GPU, lowest on the CPU backend (default)",
+    )
+    add(
+        "--flag",
+        type=_flag,
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="a vLLM flag for every trial, e.g. --flag max_model_len=4096 --flag enforce_eager (repeatable)",
+    )
+    add(
+        "--env",
+        type=_env,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for the server (repeatable)",
+    )
     add("--num-prompts", type=_positive_int, default=32, help="requests in each trial's load (default 32)")
     add("--concurrency", type=_positive_int, default=8, help="requests in flight at once (default 8)")
     add("--max-tokens", type=_positive_int, default=16, help="output tokens per request (default 16)")
     add("--prompt-len", type=_positive_int, default=32, help="prompt tokens per request (default 32)")
-    add("--startup-timeout", type=_positive_float, default=600.0,
-        help="seconds a server may take to become healthy (default 600)")
+    add(
+        "--startup-timeout",
+        type=_positive_float,
+        default=600.0,
+        help="seconds a server may take to become healthy (default 600)",
+    )
     add("--json", type=Path, default=None, metavar="PATH", help="also write every trial and the result to this file")
-    add("--cache-dir", type=Path, default=None,
-        help="vLLM compile cache, tiny model and flag table (default ~/.cache/pytest-vllm-mem)")
+    add(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="vLLM compile cache, tiny model and flag table (default ~/.cache/pytest-vllm-mem)",
+    )
     add("--log-dir", type=Path, default=Path(".vllm-mem/logs"), help="server logs (default .vllm-mem/logs)")
     add("--python", default=None, help="interpreter that runs vLLM (default: this one)")
     tune_parser.set_defaults(run=run_tune, command_parser=tune_parser)  # errors show the subcommand's usage
@@ -122,9 +184,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_settings(args: argparse.Namespace) -> Settings:
     """The plugin's Settings for a CLI run: every option's default, with what the command line sets."""
-    return Settings.from_values({"vllm_model": args.model, "vllm_gpu": args.tier, "vllm_max_servers": 1,
-                                 "vllm_startup_timeout": args.startup_timeout, "vllm_log_dir": args.log_dir,
-                                 "vllm_cache_dir": args.cache_dir, "vllm_python": args.python}, Path.cwd())
+    return Settings.from_values(
+        {
+            "vllm_model": args.model,
+            "vllm_gpu": args.tier,
+            "vllm_max_servers": 1,
+            "vllm_startup_timeout": args.startup_timeout,
+            "vllm_log_dir": args.log_dir,
+            "vllm_cache_dir": args.cache_dir,
+            "vllm_python": args.python,
+        },
+        Path.cwd(),
+    )
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
@@ -144,14 +215,27 @@ def run_tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if missing:
         parser.error(f"argument --model: {missing}")
     config = VLLMConfig(args.model, env=dict(args.env), **dict(args.flag))
-    load = LoadSpec(num_prompts=args.num_prompts, concurrency=args.concurrency, max_tokens=args.max_tokens,
-                    prompt_len=args.prompt_len)
+    load = LoadSpec(
+        num_prompts=args.num_prompts,
+        concurrency=args.concurrency,
+        max_tokens=args.max_tokens,
+        prompt_len=args.prompt_len,
+    )
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # CI cancelling the job: stop the server first
     state = None
     try:
         state = Session(build_settings(args))
-        result: TuneResult = tune(state, config, low=args.low, high=args.high, resolution=args.resolution,
-                                  max_startups=args.max_startups, goal=args.find, load=load, out=_print)
+        result: TuneResult = tune(
+            state,
+            config,
+            low=args.low,
+            high=args.high,
+            resolution=args.resolution,
+            max_startups=args.max_startups,
+            goal=args.find,
+            load=load,
+            out=_print,
+        )
     except (TuneError, UsageError) as error:
         parser.error(str(error))  # before any startup: bad input, exit 2
     except KeyboardInterrupt:

@@ -20,8 +20,17 @@ from .plan import Calibration, Plan
 from .units import GIB
 
 # Flags that change the overheads (profile batch, graph capture, sharding, dtypes); others do not.
-SHAPE_FLAGS = ("max_num_batched_tokens", "max_num_seqs", "enforce_eager", "tensor_parallel_size", "dtype",
-               "quantization", "kv_cache_dtype", "compilation_config", "cuda_graph_sizes")
+SHAPE_FLAGS = (
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "enforce_eager",
+    "tensor_parallel_size",
+    "dtype",
+    "quantization",
+    "kv_cache_dtype",
+    "compilation_config",
+    "cuda_graph_sizes",
+)
 FORMAT_VERSION = 1
 
 
@@ -49,8 +58,12 @@ def from_startup(result: Plan, memory: Mapping[str, Any], peak_bytes: int | None
     graph = memory.get("graph_capture_gib") or 0.0
     in_budget = graph if result.graph_in_budget else 0.0
     overhead = result.requested_bytes / GIB - weights - kv - in_budget
-    return Calibration(activation_bytes=int(max(0.0, overhead) * GIB), non_torch_bytes=0,
-                       graph_bytes=int(graph * GIB), weights_bytes=int(weights * GIB))
+    return Calibration(
+        activation_bytes=int(max(0.0, overhead) * GIB),
+        non_torch_bytes=0,
+        graph_bytes=int(graph * GIB),
+        weights_bytes=int(weights * GIB),
+    )
 
 
 class CalibrationStore:
@@ -74,8 +87,9 @@ class CalibrationStore:
         known = set(Calibration.__dataclass_fields__)
         return Calibration(**{k: v for k, v in entry.items() if k in known})
 
-    def find(self, model: str, vllm_version: str | None, flags: Mapping[str, Any] | None = None,
-             device: str | None = None) -> Calibration | None:
+    def find(
+        self, model: str, vllm_version: str | None, flags: Mapping[str, Any] | None = None, device: str | None = None
+    ) -> Calibration | None:
         """The entry for this model, release and flag shape: on `device`, or on any device when it is None."""
         if device is not None:
             return self.get(calibration_key(model, vllm_version, device, flags))

@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["compile_cache_env", "note_aot_load_failure", "AOT_LOAD_FAILURE"]
+__all__ = ["AOT_LOAD_FAILURE", "compile_cache_env", "note_aot_load_failure"]
 
 # vLLM's warning when its AOT-compiled artifact exists but cannot be loaded (vllm/compilation/decorators.py).
 AOT_LOAD_FAILURE = "Compiling model again due to a load failure"

@@ -32,8 +32,10 @@ def _normalize_value(key: str, value: Any) -> FlagValue:
     if isinstance(value, (list, tuple)):
         # An empty list rendered as a bare `--flag`, which vLLM rejects ("expected at least one argument").
         if not value:
-            raise ConfigError(f"VLLMConfig flag {key}=[]: an empty list cannot become a vLLM command-line value; "
-                              "pass at least one value, or None to omit the flag.")
+            raise ConfigError(
+                f"VLLMConfig flag {key}=[]: an empty list cannot become a vLLM command-line value; "
+                "pass at least one value, or None to omit the flag."
+            )
         return tuple(str(v) for v in value)
     if isinstance(value, Mapping):
         # vLLM takes dict-valued flags (e.g. --compilation-config) as JSON strings.
@@ -105,8 +107,9 @@ class VLLMConfig:
                 )
         normalized = {key.replace("-", "_"): _normalize_value(key, value) for key, value in flags.items()}
         env_items = dict(sorted((str(k), str(v)) for k, v in (env or {}).items()))
-        rendered = sorted((flag_name(k), _rendered(v)) for k, v in normalized.items()
-                          if v is not None and v is not False)
+        rendered = sorted(
+            (flag_name(k), _rendered(v)) for k, v in normalized.items() if v is not None and v is not False
+        )
         # A frozen dataclass: its fields are set once, here, through object.__setattr__ (dataclasses' own way).
         object.__setattr__(self, "model", model)
         object.__setattr__(self, "flags", normalized)
@@ -149,8 +152,10 @@ class VLLMConfig:
 
         Str()/repr()/short_id() end up in test ids, reports and committed baseline files; only env was masked.
         """
-        return {k: (_MASK if is_secret_key(k) and v is not None and not isinstance(v, bool) else v)
-                for k, v in self.flags.items()}
+        return {
+            k: (_MASK if is_secret_key(k) and v is not None and not isinstance(v, bool) else v)
+            for k, v in self.flags.items()
+        }
 
     def __str__(self) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.masked_env().items())

@@ -27,17 +27,28 @@ LOCK_DIR_VAR = "PYTEST_VLLM_MEM_LOCK_DIR"  # where the lock files live; default:
 # the total, so concurrent CPU startups do not mis-size each other; serializing them would make every session on a
 # shared host (stub servers included) wait for whichever vLLM is starting. on: CPUs too. off: nothing is serialized.
 SWITCH_VAR = "PYTEST_VLLM_MEM_DEVICE_LOCK"
-_SWITCH = {"auto": "auto", "on": "on", "1": "on", "true": "on", "yes": "on",
-           "off": "off", "0": "off", "false": "off", "no": "off"}
+_SWITCH = {
+    "auto": "auto",
+    "on": "on",
+    "1": "on",
+    "true": "on",
+    "yes": "on",
+    "off": "off",
+    "0": "off",
+    "false": "off",
+    "no": "off",
+}
 
 
 def locked_devices(devices: Sequence[DeviceInfo]) -> list[DeviceInfo]:
     """The devices whose startups the switch serializes."""
     value = os.environ.get(SWITCH_VAR, "auto").strip().lower()
     if value not in _SWITCH:
-        raise DeviceLockError(f"{SWITCH_VAR}={os.environ[SWITCH_VAR]!r} is not understood: it says whose server "
-                              "startups take turns per device; use auto (the default: GPUs), on (GPUs and the CPU "
-                              "host) or off.")
+        raise DeviceLockError(
+            f"{SWITCH_VAR}={os.environ[SWITCH_VAR]!r} is not understood: it says whose server "
+            "startups take turns per device; use auto (the default: GPUs), on (GPUs and the CPU "
+            "host) or off."
+        )
     mode = _SWITCH[value]
     return [device for device in devices if mode == "on" or (mode == "auto" and device.backend == "cuda")]
 
@@ -76,8 +87,10 @@ class Wait:
         if self.problem:
             return f"device startup lock not used ({self.problem}): startups on {self.key} are not serialized"
         if self.waited_s >= 1.0:
-            return (f"waited {self.waited_s:.1f} s for another server's startup on this device "
-                    f"({self.holder or 'holder unknown'}; lock {self.path})")
+            return (
+                f"waited {self.waited_s:.1f} s for another server's startup on this device "
+                f"({self.holder or 'holder unknown'}; lock {self.path})"
+            )
         return None
 
 
@@ -125,7 +138,8 @@ def _lock_one(key: str, timeout_s: float) -> Iterator[Wait]:
         raise DeviceBusyError(
             f"Waited {timeout_s:.0f} s for the startup lock of device {key} ({path}), held by "
             f"{_holder(path) or 'an unknown process'}: a server startup there takes longer than a startup may "
-            "take. Check for a stuck pytest on this machine, or raise --vllm-startup-timeout.") from None
+            "take. Check for a stuck pytest on this machine, or raise --vllm-startup-timeout."
+        ) from None
     except OSError as error:
         wait.problem = f"{path}: {error.strerror or error}"
         yield wait

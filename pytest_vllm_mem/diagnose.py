@@ -65,14 +65,14 @@ def _split_prefix(line: str) -> tuple[str | None, str]:
     text = strip_ansi(line)
     header = _HEADER.search(text, 0, _HEADER_WITHIN + 40)
     if header and header.start() <= _HEADER_WITHIN:
-        return header.group("level"), text[header.end():].rstrip()
+        return header.group("level"), text[header.end() :].rstrip()
     process = _PROCESS_PREFIX.search(text, 0, _HEADER_WITHIN)
     if process:
-        text = text[process.end():]
+        text = text[process.end() :]
     text = _RANK_PREFIX.sub("", text, count=1)
     match = _UVICORN_PREFIX.match(text)
     if match:
-        return match.group("level"), text[match.end():].rstrip()
+        return match.group("level"), text[match.end() :].rstrip()
     return None, text.rstrip()
 
 
@@ -99,8 +99,8 @@ def _records(raw: str) -> list[str]:
     headers = [m.start() for m in _HEADER.finditer(clean)]
     if len(headers) < 2:
         return [raw]
-    cuts = [0] + headers[1:]
-    return [clean[start:end] for start, end in zip(cuts, cuts[1:] + [len(clean)])]
+    cuts = [0, *headers[1:]]
+    return [clean[start:end] for start, end in zip(cuts, [*cuts[1:], len(clean)])]
 
 
 def _lines(log_text: str) -> list[_Line]:
@@ -182,9 +182,7 @@ _GRAPH_PROFILING = re.compile(
 # V0 engine (0.6.5-0.8): "the current vLLM instance can use total_gpu_memory (44.53GiB) x gpu_memory_utilization
 # (0.98) = 43.64GiB" / "model weights take 20.64GiB; non_torch_memory takes 0.28GiB; PyTorch activation peak memory
 # takes 1.52GiB; the rest of the memory reserved for KV Cache is 21.20GiB."
-_V0_BUDGET = re.compile(
-    rf"total_gpu_memory \(({_NUM}) ?GiB\) x gpu_memory_utilization \(({_NUM})\) = ({_NUM}) ?GiB"
-)
+_V0_BUDGET = re.compile(rf"total_gpu_memory \(({_NUM}) ?GiB\) x gpu_memory_utilization \(({_NUM})\) = ({_NUM}) ?GiB")
 _V0_SPLIT = re.compile(
     rf"model weights take ({_NUM}) ?GiB; non_torch_memory takes ({_NUM}) ?GiB; PyTorch activation peak memory "
     rf"takes ({_NUM}) ?GiB; the rest of the memory reserved for KV Cache is ({_NUM}) ?GiB"
@@ -235,12 +233,14 @@ def parse_startup_memory(log_text: str) -> StartupMemory:
     totals = _first(lines, _GPU_TOTALS)
     if totals:
         free, total, utilization, requested = (float(totals.group(i)) for i in range(1, 5))
-        values.update(startup_free_gib=free, device_total_gib=total, gpu_memory_utilization=utilization,
-                      requested_gib=requested)
+        values.update(
+            startup_free_gib=free, device_total_gib=total, gpu_memory_utilization=utilization, requested_gib=requested
+        )
         if totals.group(5) is not None:
             consumed, peak, graphs = (float(totals.group(i)) for i in range(5, 8))
-            values.update(non_kv_gib=round(consumed + peak + graphs, 2), activation_peak_gib=peak,
-                          graph_pool_gib=graphs)
+            values.update(
+                non_kv_gib=round(consumed + peak + graphs, 2), activation_peak_gib=peak, graph_pool_gib=graphs
+            )
     grab(_GRAPH_POOL, ("graph_pool_gib", float), ("graph_pool_estimate_gib", float))
     grab(_GRAPH_ESTIMATE, ("graph_pool_estimate_gib", float))
     profiling = _first(lines, _GRAPH_PROFILING)
@@ -283,8 +283,13 @@ class Diagnosis:
     phase: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "summary": self.summary, "root_cause": list(self.root_cause),
-                "figures": dict(self.figures), "phase": self.phase}
+        return {
+            "kind": self.kind,
+            "summary": self.summary,
+            "root_cause": list(self.root_cause),
+            "figures": dict(self.figures),
+            "phase": self.phase,
+        }
 
 
 # Stable fragments of each failure. Checked on error lines only (see _Line.may_be_error).
@@ -386,8 +391,11 @@ def _size_match(match: re.Match[str]) -> float:
 
 def _oom_figures(text: str) -> dict[str, float]:
     figures: dict[str, float] = {}
-    for name, pattern in (("tried_allocate_gib", _TRIED), ("device_total_gib", _TOTAL_CAPACITY),
-                          ("free_gib", _FREE_NOW)):
+    for name, pattern in (
+        ("tried_allocate_gib", _TRIED),
+        ("device_total_gib", _TOTAL_CAPACITY),
+        ("free_gib", _FREE_NOW),
+    ):
         match = pattern.search(text)
         if match:
             figures[name] = _size_match(match)
@@ -410,14 +418,20 @@ def _format_size(gib: float) -> str:
 _MILESTONES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"Initializing a V1 LLM engine|Initializing an LLM engine"), "initializing the engine"),
     (re.compile(r"Starting to load model|Loading (?:safetensors|pt) checkpoint shards"), "loading the weights"),
-    (re.compile(r"Model loading took|Loading weights took|Loading model weights took"),
-     "profiling memory (compile and dummy forward pass)"),
+    (
+        re.compile(r"Model loading took|Loading weights took|Loading model weights took"),
+        "profiling memory (compile and dummy forward pass)",
+    ),
     # The pool is sized ("Available KV cache memory", "KV cache size") before the tensors are allocated.
-    (re.compile(r"Available KV cache memory|GiB for KV cache|KV cache size:|# GPU blocks:|Memory profiling takes"),
-     "allocating the KV cache"),
+    (
+        re.compile(r"Available KV cache memory|GiB for KV cache|KV cache size:|# GPU blocks:|Memory profiling takes"),
+        "allocating the KV cache",
+    ),
     # tqdm bar: 0.10 "graph shapes", 0.3x "graphs ("; V0: "Capturing cudagraphs for decoding", "Capturing the model"
-    (re.compile(r"Capturing CUDA graph|Capturing cudagraphs|Capturing the model for CUDA graphs"),
-     "capturing CUDA graphs"),
+    (
+        re.compile(r"Capturing CUDA graph|Capturing cudagraphs|Capturing the model for CUDA graphs"),
+        "capturing CUDA graphs",
+    ),
     (re.compile(r"Graph capturing finished"), "warming up"),
     (re.compile(r"init engine \(profile, create kv cache, warmup model\)"), "starting the API server"),
     (re.compile(r"Application startup complete|Starting vLLM (?:API )?server on"), "serving"),
@@ -436,22 +450,38 @@ _STAGE_PHASE = {
 # capture calls the model, and every startup RPC of a V1 worker runs in worker_busy_loop.
 _PHASE_EVIDENCE: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("sampler_warmup", re.compile(r"_dummy_sampler_run|_dummy_pooler_run|warming up (?:sampler|pooler)")),
-    ("graph_capture", re.compile(
-        r"\bcapture_model\b|_capture_cudagraphs|\bcapture_end\b|torch\.cuda\.graph\(|_warmup_and_capture"
-        r"|CUDAGraphRunner|\bprofile_cudagraph_memory\b")),
-    ("kv_cache_allocation", re.compile(
-        r"\binitialize_kv_cache\w*|_allocate_kv_cache|_init_cache_engine|\binitialize_cache\b"
-        r"|\binitialize_from_config\b|\bCacheEngine\b")),
+    (
+        "graph_capture",
+        re.compile(
+            r"\bcapture_model\b|_capture_cudagraphs|\bcapture_end\b|torch\.cuda\.graph\(|_warmup_and_capture"
+            r"|CUDAGraphRunner|\bprofile_cudagraph_memory\b"
+        ),
+    ),
+    (
+        "kv_cache_allocation",
+        re.compile(
+            r"\binitialize_kv_cache\w*|_allocate_kv_cache|_init_cache_engine|\binitialize_cache\b"
+            r"|\binitialize_from_config\b|\bCacheEngine\b"
+        ),
+    ),
     ("profiling", re.compile(r"\bprofile_run\b|\bdetermine_available_memory\b|\bdetermine_num_available_blocks\b")),
-    ("loading_weights", re.compile(
-        r"\bload_model\b|\bload_weights\b|\bcreate_weights\b|\bget_model\b|\b_initialize_model\b|\bmake_layers\b"
-        r"|\bprocess_weights_after_loading\b|\b\w+_repack\b"  # weight post-processing (quantized kernels' layout)
-        r"|Failed to load model|Failed to create \w+ \w* ?weights")),
+    (
+        "loading_weights",
+        re.compile(
+            r"\bload_model\b|\bload_weights\b|\bcreate_weights\b|\bget_model\b|\b_initialize_model\b|\bmake_layers\b"
+            r"|\bprocess_weights_after_loading\b|\b\w+_repack\b"  # weight post-processing (quantized kernels' layout)
+            r"|Failed to load model|Failed to create \w+ \w* ?weights"
+        ),
+    ),
     ("wake_up", re.compile(r"\bwake_up\b|\bcreate_and_map\b")),
-    ("serving", re.compile(
-        r"\bengine_step\b|\brun_engine_loop\b|\brun_busy_loop\b|\bstep_with_batch_queue\b|_process_engine_step"
-        r"|\bstart_worker_execution_loop\b|\boutput_handler\b"  # AsyncLLM's output loop runs once requests come in
-        r"|EngineCore encountered a fatal error")),
+    (
+        "serving",
+        re.compile(
+            r"\bengine_step\b|\brun_engine_loop\b|\brun_busy_loop\b|\bstep_with_batch_queue\b|_process_engine_step"
+            r"|\bstart_worker_execution_loop\b|\boutput_handler\b"  # AsyncLLM's output loop runs once requests come in
+            r"|EngineCore encountered a fatal error"
+        ),
+    ),
 )
 _PHASE_WORDS = {
     "loading_weights": "while loading the weights",
@@ -480,7 +510,7 @@ def _stage_before(lines: Sequence[_Line], end: int) -> str:
 
 def _traceback_phase(lines: Sequence[_Line]) -> str | None:
     """The most specific phase the error lines and traceback frames name, or None."""
-    texts = [l.text for l in lines if l.may_be_error]
+    texts = [entry.text for entry in lines if entry.may_be_error]
     for phase, pattern in _PHASE_EVIDENCE:
         if any(pattern.search(text) for text in texts):
             return phase
@@ -495,24 +525,24 @@ def _oom_phase(lines: Sequence[_Line], hit: _Line, running: bool = False) -> str
 
     Once the engine was up, tracebacks printed before that (a startup hiccup vLLM survived) cannot explain the error.
     """
-    ready = [l.index for l in lines[:hit.index] if _READY.search(l.text)]
-    scope = lines[ready[-1]:] if ready else lines
+    ready = [entry.index for entry in lines[: hit.index] if _READY.search(entry.text)]
+    scope = lines[ready[-1] :] if ready else lines
     found = _traceback_phase(scope) or _STAGE_PHASE.get(_stage_before(lines, hit.index))
     return found or ("serving" if running else None)
 
 
 def _related(lines: Sequence[_Line], pattern: re.Pattern[str]) -> list[str]:
-    return [l.text for l in lines if l.may_be_error and pattern.search(l.text)]
+    return [entry.text for entry in lines if entry.may_be_error and pattern.search(entry.text)]
 
 
 def _following(lines: Sequence[_Line], hit: _Line, count: int = 3) -> str:
     """The hit line and the next few, joined: reporters and terminals wrap long messages."""
-    return " ".join(l.text.strip() for l in lines[hit.index:hit.index + count])
+    return " ".join(entry.text.strip() for entry in lines[hit.index : hit.index + count])
 
 
 def _device_oom(lines: Sequence[_Line], hit: _Line, running: bool = False) -> Diagnosis:
     texts = _related(lines, _DEVICE_OOM) + _related(lines, _WEIGHTS_OOM)
-    figures = _oom_figures(" ".join(texts + [_following(lines, hit, 8)]))
+    figures = _oom_figures(" ".join([*texts, _following(lines, hit, 8)]))
     tried = ""
     if "tried_allocate_gib" in figures:
         tried = f" (tried to allocate {_format_size(figures['tried_allocate_gib'])})"
@@ -521,16 +551,26 @@ def _device_oom(lines: Sequence[_Line], hit: _Line, running: bool = False) -> Di
         used = figures.get("process_used_gib")
         total = figures.get("device_total_gib")
         detail = f": {used:.2f} of {total:.2f} GiB in use" if used is not None and total is not None else tried
-        return Diagnosis("weights_too_large", f"the model weights do not fit in device memory{detail}",
-                         _dedupe(_related(lines, _WEIGHTS_OOM) + _related(lines, _DEVICE_OOM)), figures, phase)
+        return Diagnosis(
+            "weights_too_large",
+            f"the model weights do not fit in device memory{detail}",
+            _dedupe(_related(lines, _WEIGHTS_OOM) + _related(lines, _DEVICE_OOM)),
+            figures,
+            phase,
+        )
     if phase is None:
         where = " (the log does not show in which phase)"
     else:
         where = " " + _PHASE_WORDS[phase]
         if phase == "sampler_warmup" and "dummy_requests" in figures:
             where += f" with {int(figures['dummy_requests'])} dummy requests"
-    return Diagnosis("cuda_oom", f"vLLM ran out of device memory{where}{tried}", _dedupe(_related(lines, _DEVICE_OOM)),
-                     figures, phase)
+    return Diagnosis(
+        "cuda_oom",
+        f"vLLM ran out of device memory{where}{tried}",
+        _dedupe(_related(lines, _DEVICE_OOM)),
+        figures,
+        phase,
+    )
 
 
 _KV_NEEDED = re.compile(
@@ -547,7 +587,7 @@ _KV_TOKENS_SHORT = re.compile(
 
 def _kv_insufficient(lines: Sequence[_Line], hit: _Line) -> Diagnosis:
     related = _related(lines, _KV_INSUFFICIENT)
-    joined = " ".join(related + [_following(lines, hit)])
+    joined = " ".join([*related, _following(lines, hit)])
     figures: dict[str, float] = {}
     needed = _KV_NEEDED.search(joined)
     if needed:
@@ -566,13 +606,15 @@ def _kv_insufficient(lines: Sequence[_Line], hit: _Line) -> Diagnosis:
     if short:
         length, capacity = float(_int(short.group(1))), float(_int(short.group(2)))
         figures.update(max_model_len=length, kv_cache_tokens=capacity)
-        memory = parse_startup_memory("\n".join(l.text for l in lines))
+        memory = parse_startup_memory("\n".join(entry.text for entry in lines))
         if memory.kv_cache_gib is not None and capacity > 0:
             # The pool holds `capacity` tokens in kv_cache_gib: one max_model_len sequence needs that in proportion.
             figures["available_gib"] = memory.kv_cache_gib
             figures["needed_gib"] = round(memory.kv_cache_gib * length / capacity, 2)
-        summary = (f"the KV cache holds {int(capacity):,} tokens, fewer than one {int(length):,}-token sequence "
-                   "(max_model_len)")
+        summary = (
+            f"the KV cache holds {int(capacity):,} tokens, fewer than one {int(length):,}-token sequence "
+            "(max_model_len)"
+        )
     elif "No available memory for the cache blocks" in joined:
         kv = _first(lines, _KV_GIB)
         if kv:
@@ -582,8 +624,10 @@ def _kv_insufficient(lines: Sequence[_Line], hit: _Line) -> Diagnosis:
         if graph:
             summary += f" (vLLM reserved {figures['graph_estimate_gib']:.2f} GiB for its CUDA graph estimate)"
     elif needed:
-        summary = (f"the KV cache ({figures['available_gib']:.2f} GiB) cannot hold one "
-                   f"{int(figures['max_model_len']):,}-token sequence (needs {figures['needed_gib']:.2f} GiB)")
+        summary = (
+            f"the KV cache ({figures['available_gib']:.2f} GiB) cannot hold one "
+            f"{int(figures['max_model_len']):,}-token sequence (needs {figures['needed_gib']:.2f} GiB)"
+        )
         if estimate:
             summary += f"; vLLM estimates a maximum model length of {int(figures['estimated_max_model_len']):,}"
     else:
@@ -604,10 +648,16 @@ def _free_memory(lines: Sequence[_Line], hit: _Line) -> Diagnosis:
     summary = "less device memory was free at startup than gpu_memory_utilization asks for"
     if match:
         device = match.group(1) or "the device"
-        figures = {"free_gib": float(match.group(2)), "device_total_gib": float(match.group(3)),
-                   "gpu_memory_utilization": float(match.group(4)), "requested_gib": float(match.group(5))}
-        summary = (f"only {figures['free_gib']:.2f} of {figures['device_total_gib']:.2f} GiB were free on {device} at "
-                   f"startup, but gpu_memory_utilization {match.group(4)} asks for {figures['requested_gib']:.2f} GiB")
+        figures = {
+            "free_gib": float(match.group(2)),
+            "device_total_gib": float(match.group(3)),
+            "gpu_memory_utilization": float(match.group(4)),
+            "requested_gib": float(match.group(5)),
+        }
+        summary = (
+            f"only {figures['free_gib']:.2f} of {figures['device_total_gib']:.2f} GiB were free on {device} at "
+            f"startup, but gpu_memory_utilization {match.group(4)} asks for {figures['requested_gib']:.2f} GiB"
+        )
     return Diagnosis("insufficient_free_memory", summary, _dedupe(related), figures, "device_check")
 
 
@@ -623,10 +673,16 @@ def _external_weights(lines: Sequence[_Line], hit: _Line) -> Diagnosis:
     summary = "weights held outside vLLM's process already take the whole gpu_memory_utilization budget"
     if match:
         external, total, utilization, requested = (float(match.group(i)) for i in range(2, 6))
-        figures = {"external_gib": external, "device_total_gib": total, "gpu_memory_utilization": utilization,
-                   "requested_gib": requested}
-        summary = (f"weights held outside vLLM's process take {external:.2f} GiB, more than the {requested:.2f} GiB "
-                   f"that gpu_memory_utilization {_short(utilization)} grants on this {total:.2f} GiB device")
+        figures = {
+            "external_gib": external,
+            "device_total_gib": total,
+            "gpu_memory_utilization": utilization,
+            "requested_gib": requested,
+        }
+        summary = (
+            f"weights held outside vLLM's process take {external:.2f} GiB, more than the {requested:.2f} GiB "
+            f"that gpu_memory_utilization {_short(utilization)} grants on this {total:.2f} GiB device"
+        )
     return Diagnosis("external_weights_over_budget", summary, _dedupe([hit.text]), figures, "device_check")
 
 
@@ -642,9 +698,11 @@ def _profiling_error(lines: Sequence[_Line], hit: _Line) -> Diagnosis:
         figures = {"initial_free_gib": initial, "current_free_gib": current}
         # vLLM asserts that profiling lowered free memory; equal figures fail the same check (seen on XPU).
         moved = "rose from" if current > initial else "did not drop below"
-        summary = (f"free device memory {moved} {initial:.2f} GiB ({current:.2f} GiB after profiling): vLLM assumes "
-                   "no other process on the device changes its memory while it profiles, so it cannot size its KV "
-                   "cache")
+        summary = (
+            f"free device memory {moved} {initial:.2f} GiB ({current:.2f} GiB after profiling): vLLM assumes "
+            "no other process on the device changes its memory while it profiles, so it cannot size its KV "
+            "cache"
+        )
     return Diagnosis("memory_profiling_error", summary, _dedupe([hit.text]), figures, "profiling")
 
 
@@ -683,31 +741,47 @@ def _host_memory(lines: Sequence[_Line], hit: _Line) -> Diagnosis:
         phase = "kv_cache_allocation"
         consumed, requested = float(over.group(1)), float(over.group(2))
         # kv_requested_gib <= 0 as in the older message's negative share: tune and advice read it as "too low".
-        figures = {"non_kv_gib": consumed, "requested_gib": requested,
-                   "kv_requested_gib": round(requested - consumed, 2)}
+        figures = {
+            "non_kv_gib": consumed,
+            "requested_gib": requested,
+            "kv_requested_gib": round(requested - consumed, 2),
+        }
         if over.group(4) is not None:
             figures["min_gpu_memory_utilization"] = float(over.group(4))
-        summary = (f"the worker's share of host memory on node {over.group(3)} ({requested:.2f} GiB, set by "
-                   f"gpu_memory_utilization) is used up before the KV cache: the worker already uses "
-                   f"{consumed:.2f} GiB (model weights and runtime), leaving none for the KV cache")
+        summary = (
+            f"the worker's share of host memory on node {over.group(3)} ({requested:.2f} GiB, set by "
+            f"gpu_memory_utilization) is used up before the KV cache: the worker already uses "
+            f"{consumed:.2f} GiB (model weights and runtime), leaving none for the KV cache"
+        )
     elif auto:
         phase = "kv_cache_allocation"
         available, total, kv, requested = (float(auto.group(i)) for i in range(2, 6))
-        figures = {"available_gib": available, "device_total_gib": total, "kv_requested_gib": kv,
-                   "requested_gib": requested, "non_kv_gib": round(requested - kv, 2)}
+        figures = {
+            "available_gib": available,
+            "device_total_gib": total,
+            "kv_requested_gib": kv,
+            "requested_gib": requested,
+            "non_kv_gib": round(requested - kv, 2),
+        }
         if kv <= 0:
-            summary = (f"the worker's share of host memory ({requested:.2f} of {total:.2f} GiB, set by "
-                       f"gpu_memory_utilization) is used up before the KV cache: {requested - kv:.2f} GiB already "
-                       f"in use, {kv:.2f} GiB left for the KV cache")
+            summary = (
+                f"the worker's share of host memory ({requested:.2f} of {total:.2f} GiB, set by "
+                f"gpu_memory_utilization) is used up before the KV cache: {requested - kv:.2f} GiB already "
+                f"in use, {kv:.2f} GiB left for the KV cache"
+            )
         else:
-            summary = (f"node {auto.group(1)} has {available:.2f} of {total:.2f} GiB available, less than the "
-                       f"{kv:.2f} GiB the KV cache asks for")
+            summary = (
+                f"node {auto.group(1)} has {available:.2f} of {total:.2f} GiB available, less than the "
+                f"{kv:.2f} GiB the KV cache asks for"
+            )
     elif explicit:
         phase = "kv_cache_allocation"
         available, total, kv = (float(explicit.group(i)) for i in range(2, 5))
         figures = {"available_gib": available, "device_total_gib": total, "kv_requested_gib": kv}
-        summary = (f"node {explicit.group(1)} has {available:.2f} of {total:.2f} GiB available, less than the "
-                   f"{kv:.2f} GiB KV cache set explicitly")
+        summary = (
+            f"node {explicit.group(1)} has {available:.2f} of {total:.2f} GiB available, less than the "
+            f"{kv:.2f} GiB KV cache set explicitly"
+        )
     else:
         summary = "the host ran out of memory (RAM, not device memory)"
     return Diagnosis("host_memory", summary, _dedupe(related), figures, phase)
@@ -758,8 +832,10 @@ def _usage(lines: Sequence[_Line]) -> Diagnosis | None:
         unrecognized = _UNRECOGNIZED.search(text)
         if unrecognized and unrecognized.group(1).split()[:1] and not unrecognized.group(1).startswith("-"):
             positional = unrecognized.group(1).split()[0]
-            summary = (f"the entry point does not take a positional argument ({positional}): the api_server module "
-                       "takes the model with --model, `vllm serve` takes it first")
+            summary = (
+                f"the entry point does not take a positional argument ({positional}): the api_server module "
+                "takes the model with --model, `vllm serve` takes it first"
+            )
             return Diagnosis("bad_flag", summary, (text,), {}, "usage")
     return None
 
@@ -783,8 +859,10 @@ def _max_len_over(lines: Sequence[_Line]) -> Diagnosis | None:
             figures["derived_max_model_len"] = float(match.group(3))
             source = match.group(2) if match.group(2) not in (None, "", "None") else "config.json"
             derived = f" ({int(float(match.group(3))):,} from the model's {source})"
-        summary = (f"the installed vLLM rejected max_model_len={requested}: it is greater than the model's own maximum"
-                   f"{derived}")
+        summary = (
+            f"the installed vLLM rejected max_model_len={requested}: it is greater than the model's own maximum"
+            f"{derived}"
+        )
         return Diagnosis("bad_flag", summary, (line.text.strip(),), figures, "arguments")
     return None
 
@@ -809,7 +887,7 @@ def _bad_flag(lines: Sequence[_Line]) -> Diagnosis | None:
             return Diagnosis("bad_flag", summary, (text,), {}, "arguments")
         # pydantic: "1 validation error for CacheConfig" / "gpu_memory_utilization" / "  Input should be ... [type=..,
         # input_value=1.5, ...]"; a model-level check has no field line: "  Value error, User-specified ...".
-        detail = [l.text.strip() for l in lines[position + 1:position + 3] if l.text.strip()]
+        detail = [entry.text.strip() for entry in lines[position + 1 : position + 3] if entry.text.strip()]
         validation = _VALIDATION.search(text)
         field_name = detail[0] if detail and re.fullmatch(r"[\w.]+", detail[0]) else None
         message = next((d for d in detail if d != field_name), "")
@@ -819,8 +897,13 @@ def _bad_flag(lines: Sequence[_Line]) -> Diagnosis | None:
             setting = f"{field_name}={value.group(1)}" if value else field_name
         else:
             setting = f"the {validation.group(1)}" if validation else "a setting"
-        return Diagnosis("bad_flag", f"the installed vLLM rejected {setting}: {message or text}",
-                         _dedupe([text, *detail], limit=3), {}, "arguments")
+        return Diagnosis(
+            "bad_flag",
+            f"the installed vLLM rejected {setting}: {message or text}",
+            _dedupe([text, *detail], limit=3),
+            {},
+            "arguments",
+        )
     return None
 
 
@@ -845,7 +928,7 @@ def rejected_flags(diagnosis: Diagnosis) -> tuple[str, ...]:
 
 
 def _meaningful(lines: Sequence[_Line]) -> list[str]:
-    return [l.text.strip() for l in lines if l.text.strip() and not _NOISE.search(l.text)]
+    return [entry.text.strip() for entry in lines if entry.text.strip() and not _NOISE.search(entry.text)]
 
 
 def _error_lines(lines: Sequence[_Line]) -> list[str]:
@@ -860,9 +943,14 @@ def _error_lines(lines: Sequence[_Line]) -> list[str]:
             exceptions.append(text)
     if exceptions:
         return exceptions
-    return [l.text.strip() for l in lines
-            if l.level in ("ERROR", "CRITICAL") and l.text.strip() and not l.text[:1].isspace()
-            and not _GENERIC.search(l.text)]
+    return [
+        entry.text.strip()
+        for entry in lines
+        if entry.level in ("ERROR", "CRITICAL")
+        and entry.text.strip()
+        and not entry.text[:1].isspace()
+        and not _GENERIC.search(entry.text)
+    ]
 
 
 def _signal_name(returncode: int) -> str:

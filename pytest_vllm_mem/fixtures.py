@@ -11,8 +11,17 @@ import pytest
 from .config import VLLMConfig
 from .load import LoadResult
 from .measure import load_failure_message, measured_load
-from .progress import (LoadEnded, NotStarted, Observer, Renderer, ServerReused, config_label, observing,
-                       pytest_renderer, send)
+from .progress import (
+    LoadEnded,
+    NotStarted,
+    Observer,
+    Renderer,
+    ServerReused,
+    config_label,
+    observing,
+    pytest_renderer,
+    send,
+)
 from .results import TestRecord, failure_dict
 from .server import VLLMServer, VLLMStartupError
 from .state import SessionState, state_key
@@ -34,8 +43,11 @@ def _observer(request: pytest.FixtureRequest, server: VLLMServer | None = None) 
     config = request.config
     if progress_key not in config.stash:  # built at first use: the terminal reporter exists by then
         settings = _state(request).settings
-        config.stash[progress_key] = (None if settings.vllm_preflight  # plans start nothing: nothing to show
-                                      else pytest_renderer(config, settings.vllm_progress))
+        config.stash[progress_key] = (
+            None
+            if settings.vllm_preflight  # plans start nothing: nothing to show
+            else pytest_renderer(config, settings.vllm_progress)
+        )
     renderer = config.stash[progress_key]
     if renderer is None:
         return None
@@ -57,13 +69,16 @@ def _start(request: pytest.FixtureRequest, config: VLLMConfig) -> VLLMServer:
                 send(observer, NotStarted(observer.test_id, config_label(config), error.kind, error.diagnosis.summary))
             raise
     if observer.startups == 0:  # the pool handed out a running server
-        send(observer, ServerReused(observer.test_id, config_label(config), server.pid,
-                                    time.monotonic() - server.started_at))
+        send(
+            observer,
+            ServerReused(observer.test_id, config_label(config), server.pid, time.monotonic() - server.started_at),
+        )
     return server
 
 
-def record_for(request: pytest.FixtureRequest, server_or_error: VLLMServer | PlannedServer | VLLMStartupError
-               ) -> TestRecord:
+def record_for(
+    request: pytest.FixtureRequest, server_or_error: VLLMServer | PlannedServer | VLLMStartupError
+) -> TestRecord:
     """The test's record, created on first use of a server (or of a failed startup)."""
     state = _state(request)
     nodeid = request.node.nodeid
@@ -76,9 +91,14 @@ def record_for(request: pytest.FixtureRequest, server_or_error: VLLMServer | Pla
     memory = server_or_error.memory
     server = server_or_error.server if isinstance(server_or_error, VLLMStartupError) else server_or_error
     record = TestRecord(
-        test_id=nodeid, config=str(config), launched=str(launched), tier=state.tier.name,
+        test_id=nodeid,
+        config=str(config),
+        launched=str(launched),
+        tier=state.tier.name,
         server_pid=server.pid if server is not None else None,
-        tier_bytes=state.tier.bytes, device=state.device.name, backend=state.device.backend,
+        tier_bytes=state.tier.bytes,
+        device=state.device.name,
+        backend=state.device.backend,
         vllm_version=(memory.vllm_version if memory and memory.vllm_version else state.parser_table.version),
         startup=server_or_error.startup.to_dict() if server_or_error.startup else {},
         memory=memory.to_dict() if memory else {},
@@ -105,6 +125,7 @@ def vllm_start(request: pytest.FixtureRequest) -> Callable[[VLLMConfig], VLLMSer
 
     For tests that assert a config does NOT fit: `with pytest.raises(VLLMStartupError) as e: vllm_start(cfg)`.
     """
+
     def start(config: VLLMConfig) -> VLLMServer:
         try:
             server = _start(request, config)
@@ -160,8 +181,10 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: VLLMServer | PlannedS
     from .preflight import PlannedServer, planned_load_result
 
     if isinstance(vllm_server, PlannedServer):  # --vllm-preflight: planned, not measured; no load runs
-        def planned(num_prompts: int = 100, concurrency: int = 16, request_rate: float | None = None,
-                    **_: object) -> LoadResult:
+
+        def planned(
+            num_prompts: int = 100, concurrency: int = 16, request_rate: float | None = None, **_: object
+        ) -> LoadResult:
             result: LoadResult = planned_load_result(num_prompts, concurrency, request_rate)
             return result
 
@@ -171,9 +194,16 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: VLLMServer | PlannedS
     benchmark = request.getfixturevalue("benchmark") if "benchmark" in request.fixturenames else None
     benchmark_free = [benchmark is not None]
 
-    def load(num_prompts: int = 100, concurrency: int = 16, max_tokens: int = 64, prompt_len: int = 32,
-             ignore_eos: bool = True, request_rate: float | None = None, repeat: int = 1,
-             timeout_s: float = 600.0) -> LoadResult:
+    def load(
+        num_prompts: int = 100,
+        concurrency: int = 16,
+        max_tokens: int = 64,
+        prompt_len: int = 32,
+        ignore_eos: bool = True,
+        request_rate: float | None = None,
+        repeat: int = 1,
+        timeout_s: float = 600.0,
+    ) -> LoadResult:
         if repeat < 1:
             raise ValueError(f"vllm_load(repeat={repeat!r}): repeat must be 1 or more")
         results: list[LoadResult] = []
@@ -181,9 +211,16 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: VLLMServer | PlannedS
         def one_run() -> None:
             observer = _observer(request, vllm_server)
             with observing(observer):  # a progress thread reads the load's counters while it runs
-                result = measured_load(vllm_server, num_prompts=num_prompts, concurrency=concurrency,
-                                       max_tokens=max_tokens, prompt_len=prompt_len, ignore_eos=ignore_eos,
-                                       request_rate=request_rate, timeout_s=timeout_s)
+                result = measured_load(
+                    vllm_server,
+                    num_prompts=num_prompts,
+                    concurrency=concurrency,
+                    max_tokens=max_tokens,
+                    prompt_len=prompt_len,
+                    ignore_eos=ignore_eos,
+                    request_rate=request_rate,
+                    timeout_s=timeout_s,
+                )
             if observer is not None:
                 send(observer, LoadEnded.of(observer.test_id, vllm_server.loads_run, result))
             record.loads.append(result.to_dict())
@@ -207,10 +244,17 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: VLLMServer | PlannedS
 
 def serving_metrics(result: LoadResult) -> dict[str, float]:
     """The figures a benchmark round carries in pytest-benchmark's extra_info."""
-    return {"output_throughput": result.output_throughput, "request_throughput": result.request_throughput,
-            "ttft_p50_ms": result.ttft.p50, "ttft_p99_ms": result.ttft.p99, "tpot_p50_ms": result.tpot.p50,
-            "e2el_p50_ms": result.e2el.p50, "peak_memory_bytes": result.peak_memory_bytes or 0,
-            "completed": result.completed, "failed": result.failed}
+    return {
+        "output_throughput": result.output_throughput,
+        "request_throughput": result.request_throughput,
+        "ttft_p50_ms": result.ttft.p50,
+        "ttft_p99_ms": result.ttft.p99,
+        "tpot_p50_ms": result.tpot.p50,
+        "e2el_p50_ms": result.e2el.p50,
+        "peak_memory_bytes": result.peak_memory_bytes or 0,
+        "completed": result.completed,
+        "failed": result.failed,
+    }
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ FailureKind = Literal[
 
 FAILURE_KINDS: tuple[FailureKind, ...] = get_args(FailureKind)
 # The kinds a log can show (diagnose.classify_failure and find_memory_error return these).
-LOG_FAILURE_KINDS: tuple[FailureKind, ...] = FAILURE_KINDS[:FAILURE_KINDS.index("tier_exceeded")]
+LOG_FAILURE_KINDS: tuple[FailureKind, ...] = FAILURE_KINDS[: FAILURE_KINDS.index("tier_exceeded")]
 
 
 def is_failure_kind(text: str) -> TypeGuard[FailureKind]:

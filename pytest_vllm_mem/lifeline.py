@@ -108,8 +108,13 @@ class Lifeline:
     def _start(self) -> None:
         try:
             self._process = subprocess.Popen(
-                [self._python, str(Path(__file__).resolve()), str(os.getpid())], stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+                [self._python, str(Path(__file__).resolve()), str(os.getpid())],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                close_fds=True,
+            )
         except OSError as error:
             self._process = None
             self.error = f"cannot start the watchdog ({error}): servers outlive a killed pytest"
@@ -195,7 +200,7 @@ def shm_paths(pid: int, maps: bool = True) -> set[str]:
         at = text.find(prefix)
         while at >= 0:
             end = text.find("\n", at)
-            found.add(text[at:end if end >= 0 else None].removesuffix(" (deleted)"))
+            found.add(text[at : end if end >= 0 else None].removesuffix(" (deleted)"))
             at = text.find(prefix, end) if end >= 0 else -1
     try:
         fds = os.listdir(f"/proc/{pid}/fd")

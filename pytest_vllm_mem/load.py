@@ -111,8 +111,7 @@ class LoadResult:
     @property
     def ok(self) -> bool:
         """Every request completed, none failed, the server outlived the load and logged no memory error."""
-        return (self.completed == self.num_prompts and self.failed == 0 and self.server_alive
-                and self.failure is None)
+        return self.completed == self.num_prompts and self.failed == 0 and self.server_alive and self.failure is None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -239,8 +238,9 @@ async def _stream_one(session: aiohttp.ClientSession, url: str, body: bytes) -> 
     async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
         if response.status != 200:
             detail = (await response.read())[:_MAX_ERROR_TEXT].decode("utf-8", "replace")
-            kind: RequestErrorKind = ("http_5xx" if response.status >= 500 else "http_4xx" if response.status >= 400
-                                      else "stream")
+            kind: RequestErrorKind = (
+                "http_5xx" if response.status >= 500 else "http_4xx" if response.status >= 400 else "stream"
+            )
             raise _StreamError(kind, response.status, f"HTTP {response.status} {response.reason}: {detail}")
         tail = b""
         async for chunk in response.content.iter_any():
@@ -288,8 +288,16 @@ def _describe(exc: BaseException) -> tuple[RequestErrorKind, int | None, str]:
 class _Load:
     """One run: a fixed pool of workers (at most `concurrency` requests in flight) over a shared queue of indices."""
 
-    def __init__(self, url: str, bodies: list[bytes], concurrency: int, offsets: list[float] | None,
-                 timeout_s: float, request_timeout_s: float, should_abort: Callable[[], bool] | None) -> None:
+    def __init__(
+        self,
+        url: str,
+        bodies: list[bytes],
+        concurrency: int,
+        offsets: list[float] | None,
+        timeout_s: float,
+        request_timeout_s: float,
+        should_abort: Callable[[], bool] | None,
+    ) -> None:
         self.url = url
         self.bodies = bodies
         self.concurrency = concurrency
@@ -312,8 +320,9 @@ class _Load:
         if len(self.errors) < _MAX_ERRORS_KEPT:
             self.errors.append(RequestError(index, kind, status, text[:_MAX_ERROR_TEXT]))
 
-    async def _worker(self, session: aiohttp.ClientSession, indices: Iterator[int] | None,
-                      queue: asyncio.Queue[int | None] | None) -> None:
+    async def _worker(
+        self, session: aiohttp.ClientSession, indices: Iterator[int] | None, queue: asyncio.Queue[int | None] | None
+    ) -> None:
         while True:
             # Without a request rate all workers pull from one iterator: no per-request queue traffic.
             index = next(indices, None) if queue is None else await queue.get()  # type: ignore[arg-type]
@@ -349,10 +358,12 @@ class _Load:
         """Run to completion, deadline or abort; returns the duration in seconds."""
         count = len(self.bodies)
         workers = min(self.concurrency, count) if self.concurrency > 0 else count
-        connector = aiohttp.TCPConnector(limit=self.concurrency or 0, limit_per_host=self.concurrency or 0,
-                                         keepalive_timeout=60, force_close=False)
-        session = aiohttp.ClientSession(connector=connector,
-                                        timeout=aiohttp.ClientTimeout(total=self.request_timeout_s))
+        connector = aiohttp.TCPConnector(
+            limit=self.concurrency or 0, limit_per_host=self.concurrency or 0, keepalive_timeout=60, force_close=False
+        )
+        session = aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=self.request_timeout_s)
+        )
         tasks: list[asyncio.Task[None]] = []
         try:
             self.start = time.perf_counter()
@@ -404,8 +415,9 @@ class _Load:
                 self._fail(index, kind, None, f"{why}; this request was {state}")
 
 
-def _summarize(load: _Load, num_prompts: int, concurrency: int, request_rate: float | None,
-               prompt_len: int, duration: float) -> LoadResult:
+def _summarize(
+    load: _Load, num_prompts: int, concurrency: int, request_rate: float | None, prompt_len: int, duration: float
+) -> LoadResult:
     ttfts: list[float] = []
     tpots: list[float] = []
     itls: list[float] = []
@@ -426,23 +438,46 @@ def _summarize(load: _Load, num_prompts: int, concurrency: int, request_rate: fl
         if out > 1:
             tpots.append((record.latency - record.ttft) / (out - 1))
     return LoadResult(
-        num_prompts=num_prompts, concurrency=concurrency, request_rate=request_rate,
-        completed=completed, failed=load.failed, errors=load.errors, duration_s=duration,
-        request_throughput=completed / duration, output_throughput=output_tokens / duration,
-        total_output_tokens=output_tokens, total_input_tokens=input_tokens,
-        ttft=Percentiles.of(ttfts), tpot=Percentiles.of(tpots), itl=Percentiles.of(itls), e2el=Percentiles.of(e2els),
+        num_prompts=num_prompts,
+        concurrency=concurrency,
+        request_rate=request_rate,
+        completed=completed,
+        failed=load.failed,
+        errors=load.errors,
+        duration_s=duration,
+        request_throughput=completed / duration,
+        output_throughput=output_tokens / duration,
+        total_output_tokens=output_tokens,
+        total_input_tokens=input_tokens,
+        ttft=Percentiles.of(ttfts),
+        tpot=Percentiles.of(tpots),
+        itl=Percentiles.of(itls),
+        e2el=Percentiles.of(e2els),
     )
 
 
-def _check_inputs(base_url: str, model: str, num_prompts: int, concurrency: int, max_tokens: int, prompt_len: int,
-                  request_rate: float | None, timeout_s: float, request_timeout_s: float) -> None:
+def _check_inputs(
+    base_url: str,
+    model: str,
+    num_prompts: int,
+    concurrency: int,
+    max_tokens: int,
+    prompt_len: int,
+    request_rate: float | None,
+    timeout_s: float,
+    request_timeout_s: float,
+) -> None:
     problems = []
     if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
         problems.append(f"base_url={base_url!r} must be the server's http(s) address, e.g. 'http://127.0.0.1:8000'")
     if not isinstance(model, str) or not model:
         problems.append(f"model={model!r} must be the served model name (as listed by GET /v1/models)")
-    for name, count, least in (("num_prompts", num_prompts, 1), ("max_tokens", max_tokens, 1),
-                               ("prompt_len", prompt_len, 1), ("concurrency", concurrency, 0)):
+    for name, count, least in (
+        ("num_prompts", num_prompts, 1),
+        ("max_tokens", max_tokens, 1),
+        ("prompt_len", prompt_len, 1),
+        ("concurrency", concurrency, 0),
+    ):
         if not isinstance(count, int) or isinstance(count, bool) or count < least:
             problems.append(f"{name}={count!r} must be an integer >= {least}")
     if request_rate is not None and not (isinstance(request_rate, (int, float)) and request_rate > 0):
@@ -467,10 +502,21 @@ def _run_coroutine(make: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
         return pool.submit(lambda: asyncio.run(make())).result()
 
 
-def run_load(base_url: str, model: str, *, num_prompts: int = 100, concurrency: int = 16, max_tokens: int = 64,
-             prompt_len: int = 32, ignore_eos: bool = True, request_rate: float | None = None,
-             timeout_s: float = 600.0, request_timeout_s: float = 120.0, seed: int = 0,
-             should_abort: Callable[[], bool] | None = None) -> LoadResult:
+def run_load(
+    base_url: str,
+    model: str,
+    *,
+    num_prompts: int = 100,
+    concurrency: int = 16,
+    max_tokens: int = 64,
+    prompt_len: int = 32,
+    ignore_eos: bool = True,
+    request_rate: float | None = None,
+    timeout_s: float = 600.0,
+    request_timeout_s: float = 120.0,
+    seed: int = 0,
+    should_abort: Callable[[], bool] | None = None,
+) -> LoadResult:
     """Send `num_prompts` streaming completions to `base_url` with at most `concurrency` in flight and measure them.
 
     request_rate None sends everything at once (limited by concurrency); a number gives Poisson arrivals at that
@@ -479,21 +525,34 @@ def run_load(base_url: str, model: str, *, num_prompts: int = 100, concurrency: 
     `timeout_s` (unfinished requests fail as "timeout"); `should_abort` is polled every 0.2 s and ends the load early
     (unfinished requests fail as "aborted"). Raises ValueError only for unusable arguments.
     """
-    _check_inputs(base_url, model, num_prompts, concurrency, max_tokens, prompt_len, request_rate, timeout_s,
-                  request_timeout_s)
+    _check_inputs(
+        base_url, model, num_prompts, concurrency, max_tokens, prompt_len, request_rate, timeout_s, request_timeout_s
+    )
     request_rate = None if request_rate is None or request_rate == float("inf") else float(request_rate)
     bodies = []
     for prompt in make_prompts(num_prompts, prompt_len, seed):
         # The payload of vllm bench's async_request_openai_completions (no temperature: the server's default).
         payload: dict[str, Any] = {
-            "model": model, "prompt": prompt, "repetition_penalty": 1.0, "max_tokens": max_tokens,
-            "logprobs": None, "stream": True, "stream_options": {"include_usage": True},
+            "model": model,
+            "prompt": prompt,
+            "repetition_penalty": 1.0,
+            "max_tokens": max_tokens,
+            "logprobs": None,
+            "stream": True,
+            "stream_options": {"include_usage": True},
         }
         if ignore_eos:
             payload["ignore_eos"] = True
         bodies.append(json.dumps(payload).encode())
-    load = _Load(completions_url(base_url), bodies, concurrency, arrival_offsets(num_prompts, request_rate, seed),
-                 float(timeout_s), float(request_timeout_s), should_abort)
+    load = _Load(
+        completions_url(base_url),
+        bodies,
+        concurrency,
+        arrival_offsets(num_prompts, request_rate, seed),
+        float(timeout_s),
+        float(request_timeout_s),
+        should_abort,
+    )
     watch = watch_load(load.counts, num_prompts)  # a progress thread when the pytest adapter observes this load
     try:
         duration = _run_coroutine(load.run)

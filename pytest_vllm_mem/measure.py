@@ -33,9 +33,16 @@ def measured_load(server: VLLMServer, **load_args: Any) -> LoadResult:
         code = server.process.poll()
         died = classify_failure(new_log, code)
         which = f"the API server exited with code {code}" if code is not None else "its engine process exited"
-        failure = died if died.kind in ("cuda_oom", "host_memory") else Diagnosis(
-            kind="crash", summary=f"the vLLM server died during the load: {which}",
-            root_cause=died.root_cause, figures=died.figures)
+        failure = (
+            died
+            if died.kind in ("cuda_oom", "host_memory")
+            else Diagnosis(
+                kind="crash",
+                summary=f"the vLLM server died during the load: {which}",
+                root_cause=died.root_cause,
+                figures=died.figures,
+            )
+        )
     if failure is not None:
         result.failure = failure
         result.advice = advise(failure, server.launched, server.memory, peak_bytes=result.peak_memory_bytes)
@@ -47,9 +54,11 @@ def load_failure_message(server: VLLMServer, result: LoadResult) -> str:
     failure = result.failure
     if failure is None:
         raise ValueError("load_failure_message: the load did not fail (result.failure is None)")
-    lines = [f"vLLM failed during the load [{failure.kind}]: {failure.summary}",
-             f"completed {result.completed}/{result.num_prompts} requests, {result.failed} failed, "
-             f"server {'alive' if result.server_alive else 'dead'}"]
+    lines = [
+        f"vLLM failed during the load [{failure.kind}]: {failure.summary}",
+        f"completed {result.completed}/{result.num_prompts} requests, {result.failed} failed, "
+        f"server {'alive' if result.server_alive else 'dead'}",
+    ]
     if failure.root_cause:
         lines.append("root cause (from the server log):")
         lines += [f"    {line}" for line in failure.root_cause]

@@ -16,12 +16,39 @@ from pathlib import Path
 from typing import Any
 
 # Bytes per element of the safetensors dtypes and of the torch dtype names in config.json / --dtype.
-SAFETENSORS_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
-                           "F4": 0.5, "I64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2, "I8": 1, "U8": 1,
-                           "BOOL": 1}
+SAFETENSORS_DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "F8_E8M0": 1,
+    "F4": 0.5,
+    "I64": 8,
+    "I32": 4,
+    "U32": 4,
+    "I16": 2,
+    "U16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+}
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
-TORCH_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float64": 8,
-                     "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "fp8_ds_mla": 1, "int8": 1}
+TORCH_DTYPE_BYTES = {
+    "float32": 4,
+    "float": 4,
+    "float16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "float64": 8,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "fp8_inc": 1,
+    "fp8_ds_mla": 1,
+    "int8": 1,
+}
 _MAX_HEADER = 100 * 2**20  # safetensors caps its header at 100 MB; a larger length means a corrupt/pointer file
 
 
@@ -83,12 +110,21 @@ class ModelInfo:
         return sum(1 for kind in self.layer_types if kind in ("full_attention", "attention"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "folder": str(self.folder) if self.folder else None,
-                "architecture": self.architecture, "num_layers": self.num_layers, "hidden_size": self.hidden_size,
-                "num_attention_heads": self.num_attention_heads, "num_kv_heads": self.num_kv_heads,
-                "head_dim": self.head_dim, "vocab_size": self.vocab_size, "torch_dtype": self.torch_dtype,
-                "quant_method": self.quant_method, "quant_bits": self.quant_bits,
-                "checkpoint_bytes": self.checkpoint.total if self.checkpoint else None}
+        return {
+            "name": self.name,
+            "folder": str(self.folder) if self.folder else None,
+            "architecture": self.architecture,
+            "num_layers": self.num_layers,
+            "hidden_size": self.hidden_size,
+            "num_attention_heads": self.num_attention_heads,
+            "num_kv_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "torch_dtype": self.torch_dtype,
+            "quant_method": self.quant_method,
+            "quant_bits": self.quant_bits,
+            "checkpoint_bytes": self.checkpoint.total if self.checkpoint else None,
+        }
 
 
 def hf_cache_roots() -> list[Path]:
@@ -119,8 +155,11 @@ def find_model_folder(model: str) -> Path | None:
             candidate = snapshots / ref.read_text().strip()
             if (candidate / "config.json").is_file():
                 return candidate
-        found = sorted((p for p in snapshots.iterdir() if (p / "config.json").is_file()),
-                       key=lambda p: p.stat().st_mtime, reverse=True)
+        found = sorted(
+            (p for p in snapshots.iterdir() if (p / "config.json").is_file()),
+            key=lambda p: p.stat().st_mtime,
+            reverse=True,
+        )
         if found:
             return found[0]
     return None
@@ -134,15 +173,18 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
             raise ModelInfoError(f"{path} is not a safetensors file: it has fewer than 8 bytes")
         (length,) = struct.unpack("<Q", head)
         if not 0 < length <= _MAX_HEADER:
-            raise ModelInfoError(f"{path} is not a safetensors file (header length {length}); a Git LFS pointer or "
-                                 "a partial download reads like this: fetch the file, or plan from config.json alone "
-                                 "by removing it")
+            raise ModelInfoError(
+                f"{path} is not a safetensors file (header length {length}); a Git LFS pointer or "
+                "a partial download reads like this: fetch the file, or plan from config.json alone "
+                "by removing it"
+            )
         text = handle.read(length)
     try:
         header = json.loads(text)
     except ValueError:
-        raise ModelInfoError(f"{path} has a safetensors header that is not JSON: the file is corrupt or truncated") \
-            from None
+        raise ModelInfoError(
+            f"{path} has a safetensors header that is not JSON: the file is corrupt or truncated"
+        ) from None
     if not isinstance(header, dict):
         raise ModelInfoError(f"{path} has a safetensors header that is not a JSON object")
     return header
@@ -209,8 +251,9 @@ def _quantization(config: dict[str, Any]) -> tuple[str | None, int | None, int |
     return method, bits, group_size
 
 
-def model_info_from_config(config: dict[str, Any], *, name: str, folder: Path | None = None,
-                           checkpoint: CheckpointBytes | None = None) -> ModelInfo:
+def model_info_from_config(
+    config: dict[str, Any], *, name: str, folder: Path | None = None, checkpoint: CheckpointBytes | None = None
+) -> ModelInfo:
     """ModelInfo from a parsed config.json (`name` appears in errors)."""
     text = _text_config(config)
     architectures = config.get("architectures") or [text.get("model_type", "unknown")]
@@ -221,7 +264,8 @@ def model_info_from_config(config: dict[str, Any], *, name: str, folder: Path | 
         raise ModelInfoError(
             f"model {name}: config.json lacks num_hidden_layers, hidden_size or num_attention_heads, so its memory "
             "cannot be planned. Accepted: decoder configs in the Hugging Face layout (Llama, Mistral, Qwen, Gemma, "
-            "Phi, DeepSeek, Mixtral ...), with a multimodal model's language part under text_config.")
+            "Phi, DeepSeek, Mixtral ...), with a multimodal model's language part under text_config."
+        )
     kv_heads = _int(text, "num_key_value_heads", "n_head_kv", "num_kv_heads", default=heads) or heads
     head_dim = _int(text, "head_dim", default=None) or hidden // heads
     layer_types = text.get("layer_types")
@@ -231,8 +275,15 @@ def model_info_from_config(config: dict[str, Any], *, name: str, folder: Path | 
     if text.get("use_sliding_window") is False:
         window = None
     return ModelInfo(
-        name=name, folder=folder, architecture=str(architectures[0]), model_type=str(text.get("model_type", "")),
-        num_layers=layers, hidden_size=hidden, num_attention_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        name=name,
+        folder=folder,
+        architecture=str(architectures[0]),
+        model_type=str(text.get("model_type", "")),
+        num_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
         intermediate_size=_int(text, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden) or 4 * hidden,
         vocab_size=_int(text, "vocab_size", default=32000) or 32000,
         torch_dtype=str(text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or "bfloat16"),
@@ -240,13 +291,20 @@ def model_info_from_config(config: dict[str, Any], *, name: str, folder: Path | 
         max_position_embeddings=_int(text, "max_position_embeddings", "n_positions", "max_seq_len"),
         sliding_window=window,
         layer_types=tuple(str(t) for t in layer_types) if isinstance(layer_types, list) else (),
-        kv_lora_rank=_int(text, "kv_lora_rank"), qk_rope_head_dim=_int(text, "qk_rope_head_dim"),
-        num_experts=experts, experts_per_token=_int(text, "num_experts_per_tok", default=0) or 0,
+        kv_lora_rank=_int(text, "kv_lora_rank"),
+        qk_rope_head_dim=_int(text, "qk_rope_head_dim"),
+        num_experts=experts,
+        experts_per_token=_int(text, "num_experts_per_tok", default=0) or 0,
         moe_intermediate_size=_int(text, "moe_intermediate_size", default=None),
-        shared_expert_intermediate_size=(_int(text, "shared_expert_intermediate_size", default=0) or
-                                         (_int(text, "n_shared_experts", default=0) or 0)
-                                         * (_int(text, "moe_intermediate_size", default=0) or 0)),
-        quant_method=method, quant_bits=bits, quant_group_size=group_size, checkpoint=checkpoint, raw=config,
+        shared_expert_intermediate_size=(
+            _int(text, "shared_expert_intermediate_size", default=0)
+            or (_int(text, "n_shared_experts", default=0) or 0) * (_int(text, "moe_intermediate_size", default=0) or 0)
+        ),
+        quant_method=method,
+        quant_bits=bits,
+        quant_group_size=group_size,
+        checkpoint=checkpoint,
+        raw=config,
     )
 
 
@@ -263,7 +321,8 @@ def load_model_info(model: str, *, read_weights: bool = True) -> ModelInfo:
             f"model {model}: no config.json found locally (looked in the folder itself and in the Hugging Face "
             f"cache: {roots}). The plan never downloads: pass a local model folder, or a hub name you have already "
             "downloaded (e.g. `huggingface-cli download NAME config.json` fetches the config alone, enough to plan "
-            "from the architecture).")
+            "from the architecture)."
+        )
     try:
         config = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError) as error:
@@ -295,9 +354,15 @@ def architecture_weight_bytes(info: ModelInfo, dtype_bytes: float) -> int:
         expert_inter = info.moe_intermediate_size or info.intermediate_size
         dense_first = _int(info.raw, "first_k_dense_replace", default=0) or 0
         moe_layers = layers - dense_first
-        mlp_total = (moe_layers * (info.num_experts * 3 * h * expert_inter + h * info.num_experts
-                                   + 3 * h * info.shared_expert_intermediate_size)
-                     + dense_first * 3 * h * info.intermediate_size)
+        mlp_total = (
+            moe_layers
+            * (
+                info.num_experts * 3 * h * expert_inter
+                + h * info.num_experts
+                + 3 * h * info.shared_expert_intermediate_size
+            )
+            + dense_first * 3 * h * info.intermediate_size
+        )
     else:
         mlp_total = layers * _mlp_matrices(info) * h * info.intermediate_size
     linear = layers * attention + mlp_total
@@ -312,8 +377,9 @@ def architecture_weight_bytes(info: ModelInfo, dtype_bytes: float) -> int:
 
 
 # Model types whose MLP is up/down only (no gate): two matrices per layer instead of three.
-_UNGATED_MLP = frozenset({"phi", "gpt2", "gpt_neox", "gptj", "opt", "bloom", "falcon", "starcoder2", "mpt",
-                          "gpt_bigcode"})
+_UNGATED_MLP = frozenset(
+    {"phi", "gpt2", "gpt_neox", "gptj", "opt", "bloom", "falcon", "starcoder2", "mpt", "gpt_bigcode"}
+)
 
 
 def _mlp_matrices(info: ModelInfo) -> int:
@@ -324,8 +390,9 @@ def dtype_bytes(name: str) -> float:
     """Element size of a torch dtype name ("bfloat16", "torch.float16", "fp8")."""
     key = name.replace("torch.", "").lower()
     if key not in TORCH_DTYPE_BYTES:
-        raise ModelInfoError(f"dtype {name!r} is not known to the plan. Accepted: "
-                             f"{', '.join(sorted(TORCH_DTYPE_BYTES))}.")
+        raise ModelInfoError(
+            f"dtype {name!r} is not known to the plan. Accepted: {', '.join(sorted(TORCH_DTYPE_BYTES))}."
+        )
     return float(TORCH_DTYPE_BYTES[key])
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Protocol
 
-__all__ = ["DEFAULT_CONFIG", "server_config_key", "group_by_server_config"]
+__all__ = ["DEFAULT_CONFIG", "group_by_server_config", "server_config_key"]
 
 # The key of tests that use the session's default config (vllm_server without a parametrized vllm_config).
 DEFAULT_CONFIG = "<default vllm_config>"

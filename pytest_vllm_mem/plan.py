@@ -129,26 +129,37 @@ class Plan:
         """The plan as a reader checks it: each term, then the budget and the verdict."""
         per_gpu = " per GPU" if self.tensor_parallel_size > 1 else ""
         out = [f"{self.model} on {self.card} ({format_bytes(self.total_bytes)}), vLLM {self.vllm_version or '?'}"]
-        out.append(f"  requested   ceil({self.total_bytes / GIB:.2f} GiB x {self.utilization:g}) = "
-                   f"{self.requested_bytes / GIB:.2f} GiB")
+        out.append(
+            f"  requested   ceil({self.total_bytes / GIB:.2f} GiB x {self.utilization:g}) = "
+            f"{self.requested_bytes / GIB:.2f} GiB"
+        )
         out.append(f"  weights     {self.weights.gib()}{per_gpu} [{self.weights.source}]")
         if self.backend == "cpu":
-            out.append(f"  non-KV RSS  {self.activation.gib()} [{self.activation.source}] (worker after warm-up, "
-                       "weights included)")
+            out.append(
+                f"  non-KV RSS  {self.activation.gib()} [{self.activation.source}] (worker after warm-up, "
+                "weights included)"
+            )
         else:
             out.append(f"  activation  {self.activation.gib()} [{self.activation.source}]")
             out.append(f"  non-torch   {self.non_torch.gib()} [{self.non_torch.source}]")
             where = "subtracted from the KV budget" if self.graph_in_budget else "outside the budget (vLLM < 0.21)"
             out.append(f"  CUDA graphs {self.graph.gib()} [{self.graph.source}], {where}")
-        out.append(f"  KV cache    {self.kv_bytes.gib()} [{self.kv_bytes.source}] / {self.kv_bytes_per_token:,} "
-                   f"B per token{per_gpu} = {self.kv_tokens.value:,} tokens"
-                   + (f" ({self.kv_tokens.low:,}-{self.kv_tokens.high:,})" if self.kv_tokens.low != self.kv_tokens.high
-                      else ""))
+        out.append(
+            f"  KV cache    {self.kv_bytes.gib()} [{self.kv_bytes.source}] / {self.kv_bytes_per_token:,} "
+            f"B per token{per_gpu} = {self.kv_tokens.value:,} tokens"
+            + (
+                f" ({self.kv_tokens.low:,}-{self.kv_tokens.high:,})"
+                if self.kv_tokens.low != self.kv_tokens.high
+                else ""
+            )
+        )
         out.append(f"  concurrency {self.max_concurrency:.2f}x at max_model_len {self.max_model_len:,}")
         if self.tier_bytes:
             out.append(f"  peak        {self.peak_bytes.gib()} of the {format_bytes(self.tier_bytes)} tier")
-        out.append(f"  verdict     {self.verdict}{'' if self.sure else ' (within the estimate range: uncertain)'}: "
-                   f"{self.summary}")
+        out.append(
+            f"  verdict     {self.verdict}{'' if self.sure else ' (within the estimate range: uncertain)'}: "
+            f"{self.summary}"
+        )
         out += [f"  note: {note}" for note in self.notes]
         return out
 
@@ -192,13 +203,15 @@ def _check_supported(info: ModelInfo, max_model_len: int) -> None:
         raise PlanUnsupported(
             f"model {info.name} ({info.architecture}) is a hybrid model (layer types {', '.join(sorted(kinds))}): its "
             "state layers (Mamba/linear attention) share the KV pool with their own page size, which the plan does "
-            "not model. Plan a full-attention model, or measure this one with a real startup.")
+            "not model. Plan a full-attention model, or measure this one with a real startup."
+        )
     if "sliding_attention" in kinds or (info.sliding_window and info.sliding_window < max_model_len):
         raise PlanUnsupported(
             f"model {info.name} ({info.architecture}) uses sliding-window attention (window "
             f"{info.sliding_window or '?'} < max_model_len {max_model_len}): vLLM's hybrid allocator gives those "
             "layers only the window per request, which the plan does not model yet. Give a max_model_len up to the "
-            "window, or measure this model with a real startup.")
+            "window, or measure this model with a real startup."
+        )
 
 
 def _tokens(kv_bytes: int, per_token: int, block: int, max_model_len: int) -> tuple[int, float]:
@@ -217,13 +230,15 @@ def _scaled(value: int, low: float, high: float, floor: int = 0, source: str = "
 # --- GPU overheads ------------------------------------------------------------------------------------------------
 # Fitted once on public startup logs (benchmarks/data/gpu_startups.json); the ranges cover what those logs show.
 
+
 def gpu_activation(info: ModelInfo, *, tp: int, dtype: float, batched_tokens: int, max_num_seqs: int) -> Estimate:
     """The profile run's torch peak beyond the weights: one batch of max_num_batched_tokens through a layer (the
     MLP's gate/up output dominates) plus the sampler's float32 logits for max_num_seqs requests. Public logs show
     it does not shrink with TP (1.89 GiB for Llama-3.1-8B at TP 1, 2 and 4), so it is not divided by `tp`."""
     inter = (info.moe_intermediate_size or info.intermediate_size) * max(1, info.experts_per_token)
-    per_token = (2 * inter + 4 * info.hidden_size + (info.num_attention_heads + 2 * info.num_kv_heads)
-                 * info.head_dim) * dtype
+    per_token = (
+        2 * inter + 4 * info.hidden_size + (info.num_attention_heads + 2 * info.num_kv_heads) * info.head_dim
+    ) * dtype
     logits = max_num_seqs * info.vocab_size * 4 * 2
     value = int(batched_tokens * per_token + logits)
     return _scaled(value, 0.5, 2.5, floor=GIB // 4)
@@ -260,13 +275,16 @@ CPU_OTHER_PROCESSES = int(1.2 * GIB)
 
 
 def cpu_non_kv(info: ModelInfo, weights: int, dtype: float, batched_tokens: int) -> Estimate:
-    activation = int(batched_tokens * (2 * info.intermediate_size + 4 * info.hidden_size) * dtype
-                     + batched_tokens * info.vocab_size * 4)
+    activation = int(
+        batched_tokens * (2 * info.intermediate_size + 4 * info.hidden_size) * dtype
+        + batched_tokens * info.vocab_size * 4
+    )
     value = CPU_WORKER_BASE + (CPU_FLOAT32_EXTRA if dtype >= 4 else 0) + weights + activation
     return Estimate(value, value - int(0.06 * GIB), value + int(0.2 * GIB) + activation, "estimate")
 
 
 # --- the plan -----------------------------------------------------------------------------------------------------
+
 
 def _flag(flags: Mapping[str, Any], name: str, default: Any = None) -> Any:
     value = flags.get(name)
@@ -278,8 +296,9 @@ def _int_flag(flags: Mapping[str, Any], name: str, default: int) -> int:
     try:
         number = int(float(str(value)))
     except ValueError:
-        raise PlanError(f"--{name.replace('_', '-')} {value!r} is not a whole number: the plan needs it as one, "
-                        "e.g. 4096.") from None
+        raise PlanError(
+            f"--{name.replace('_', '-')} {value!r} is not a whole number: the plan needs it as one, e.g. 4096."
+        ) from None
     if number < 1:
         raise PlanError(f"--{name.replace('_', '-')} {value!r} must be 1 or more.")
     return number
@@ -301,9 +320,17 @@ def weights_per_gpu(info: ModelInfo, *, tp: int, dtype: float, quantization: str
     return Estimate(value, int(value * 0.96), int(value * 1.04), "architecture")
 
 
-def plan(info: ModelInfo, flags: Mapping[str, Any], card: Card, *, env: Mapping[str, str] | None = None,
-         vllm_version: str | None = None, default_utilization: float = 0.92, tier_bytes: int | None = None,
-         calibration: Calibration | None = None) -> Plan:
+def plan(
+    info: ModelInfo,
+    flags: Mapping[str, Any],
+    card: Card,
+    *,
+    env: Mapping[str, str] | None = None,
+    vllm_version: str | None = None,
+    default_utilization: float = 0.92,
+    tier_bytes: int | None = None,
+    calibration: Calibration | None = None,
+) -> Plan:
     """The memory plan of one server config (flags as VLLMConfig.flags) on `card`.
 
     `card.total_bytes` is what vLLM sizes from: a tier's bytes on a GPU (the plugin scales the utilization to
@@ -327,9 +354,11 @@ def plan(info: ModelInfo, flags: Mapping[str, Any], card: Card, *, env: Mapping[
     if info.is_mla and not cpu:
         block = _int_flag(flags, "block_size", 64)  # FlashMLA's page size
     if _int_flag(flags, "pipeline_parallel_size", 1) > 1:
-        raise PlanUnsupported(f"pipeline_parallel_size {flags['pipeline_parallel_size']}: the plan does not model "
-                              "pipeline stages (uneven layer splits, per-stage activations and P2P buffers). Plan the "
-                              "config with tensor parallelism only, or measure it with a real startup.")
+        raise PlanUnsupported(
+            f"pipeline_parallel_size {flags['pipeline_parallel_size']}: the plan does not model "
+            "pipeline stages (uneven layer splits, per-stage activations and P2P buffers). Plan the "
+            "config with tensor parallelism only, or measure it with a real startup."
+        )
     large = card.total_bytes >= 70 * GIB
     v0 = _version_tuple(vllm_version) < (0, 8)  # the V0 engine: no chunked prefill up to 32k, 256 sequences
     default_seqs = 128 if cpu else (256 if v0 or not large else 1024)
@@ -353,10 +382,14 @@ def plan(info: ModelInfo, flags: Mapping[str, Any], card: Card, *, env: Mapping[
         try:
             explicit_kv = int(env["VLLM_CPU_KVCACHE_SPACE"]) * GIB
         except ValueError:
-            raise PlanError(f"VLLM_CPU_KVCACHE_SPACE={env['VLLM_CPU_KVCACHE_SPACE']!r} is not a whole number of "
-                            "GiB (vLLM reads it with int()).") from None
-        notes.append("VLLM_CPU_KVCACHE_SPACE sets the KV cache; gpu_memory_utilization and --kv-cache-memory-bytes "
-                     "do not size it")
+            raise PlanError(
+                f"VLLM_CPU_KVCACHE_SPACE={env['VLLM_CPU_KVCACHE_SPACE']!r} is not a whole number of "
+                "GiB (vLLM reads it with int())."
+            ) from None
+        notes.append(
+            "VLLM_CPU_KVCACHE_SPACE sets the KV cache; gpu_memory_utilization and --kv-cache-memory-bytes "
+            "do not size it"
+        )
     elif kv_flag is not None:
         from .units import parse_size
 
@@ -371,13 +404,24 @@ def plan(info: ModelInfo, flags: Mapping[str, Any], card: Card, *, env: Mapping[
         if explicit_kv is not None:
             kv = Estimate.exact(explicit_kv, "flag")
         else:
-            kv = Estimate(requested - non_kv.value, requested - non_kv.high, requested - non_kv.low,
-                          "calibrated" if cal.cpu_non_kv_bytes else "estimate")
+            kv = Estimate(
+                requested - non_kv.value,
+                requested - non_kv.high,
+                requested - non_kv.low,
+                "calibrated" if cal.cpu_non_kv_bytes else "estimate",
+            )
         other = cal.cpu_other_bytes or CPU_OTHER_PROCESSES
-        worker = Estimate(requested, requested, requested, "estimate") if explicit_kv is None else \
-            Estimate(non_kv.value + explicit_kv, non_kv.low + explicit_kv, non_kv.high + explicit_kv, "estimate")
-        peak = Estimate(worker.value + other, worker.low + int(other * 0.7), worker.high + int(other * 1.3),
-                        "calibrated" if cal.cpu_other_bytes else "estimate")
+        worker = (
+            Estimate(requested, requested, requested, "estimate")
+            if explicit_kv is None
+            else Estimate(non_kv.value + explicit_kv, non_kv.low + explicit_kv, non_kv.high + explicit_kv, "estimate")
+        )
+        peak = Estimate(
+            worker.value + other,
+            worker.low + int(other * 0.7),
+            worker.high + int(other * 1.3),
+            "calibrated" if cal.cpu_other_bytes else "estimate",
+        )
     else:
         activation = gpu_activation(info, tp=tp, dtype=dtype, batched_tokens=batched, max_num_seqs=seqs)
         non_torch = gpu_non_torch(tp, card.nvlink)
@@ -392,15 +436,20 @@ def plan(info: ModelInfo, flags: Mapping[str, Any], card: Card, *, env: Mapping[
         if explicit_kv is not None:
             kv = Estimate.exact(explicit_kv, "flag")
         else:
-            kv = Estimate(requested - sum(t.value for t in in_budget), requested - sum(t.high for t in in_budget),
-                          requested - sum(t.low for t in in_budget),
-                          "calibrated" if all(t.low == t.high for t in in_budget) else "estimate")
+            kv = Estimate(
+                requested - sum(t.value for t in in_budget),
+                requested - sum(t.high for t in in_budget),
+                requested - sum(t.low for t in in_budget),
+                "calibrated" if all(t.low == t.high for t in in_budget) else "estimate",
+            )
         outside = [] if graph_in_budget else [graph]
         used = [weights, activation, non_torch, graph] if explicit_kv is not None else [Estimate.exact(requested)]
-        peak = Estimate(sum(t.value for t in used + outside) + (kv.value if explicit_kv is not None else 0),
-                        sum(t.low for t in used + outside) + (kv.value if explicit_kv is not None else 0),
-                        sum(t.high for t in used + outside) + (kv.value if explicit_kv is not None else 0),
-                        "estimate")
+        peak = Estimate(
+            sum(t.value for t in used + outside) + (kv.value if explicit_kv is not None else 0),
+            sum(t.low for t in used + outside) + (kv.value if explicit_kv is not None else 0),
+            sum(t.high for t in used + outside) + (kv.value if explicit_kv is not None else 0),
+            "estimate",
+        )
 
     tokens, concurrency = _tokens(kv.value, per_token, block, max_model_len)
     low_tokens = _tokens(kv.low, per_token, block, max_model_len)[0]
@@ -410,26 +459,37 @@ def plan(info: ModelInfo, flags: Mapping[str, Any], card: Card, *, env: Mapping[
 
     def verdict_for(kv_bytes: int, weights_bytes: int, peak_bytes: int) -> tuple[str, str]:
         if not cpu and weights_bytes + non_torch.low > card.total_bytes:
-            return "weights_too_large", (f"the weights ({format_bytes(weights_bytes)} per GPU) do not fit on the "
-                                         f"{format_bytes(card.total_bytes)} card")
+            return "weights_too_large", (
+                f"the weights ({format_bytes(weights_bytes)} per GPU) do not fit on the "
+                f"{format_bytes(card.total_bytes)} card"
+            )
         if not cpu and explicit_kv is not None and peak_bytes > card.total_bytes:
-            return "cuda_oom", (f"weights, overheads and the {format_bytes(explicit_kv)} KV cache set by "
-                                f"--kv-cache-memory-bytes need {format_bytes(peak_bytes)}, more than the card")
+            return "cuda_oom", (
+                f"weights, overheads and the {format_bytes(explicit_kv)} KV cache set by "
+                f"--kv-cache-memory-bytes need {format_bytes(peak_bytes)}, more than the card"
+            )
         if cpu and explicit_kv is None and card.available_bytes is not None and requested > card.available_bytes:
-            return "host_memory", (f"the worker asks for {format_bytes(requested)} but the node has only "
-                                   f"{format_bytes(card.available_bytes)} available")
+            return "host_memory", (
+                f"the worker asks for {format_bytes(requested)} but the node has only "
+                f"{format_bytes(card.available_bytes)} available"
+            )
         if cpu and kv_bytes <= 0:
-            return "host_memory", (f"the worker's non-KV memory ({format_bytes(activation.value)}) uses up its "
-                                   f"{format_bytes(requested)} share: nothing is left for the KV cache")
+            return "host_memory", (
+                f"the worker's non-KV memory ({format_bytes(activation.value)}) uses up its "
+                f"{format_bytes(requested)} share: nothing is left for the KV cache"
+            )
         if kv_bytes < one_sequence:
             longest = _longest(kv_bytes, per_token, block)
             what = "no KV cache memory is left" if kv_bytes <= 0 else f"the KV cache ({format_bytes(kv_bytes)})"
-            return "kv_cache_insufficient", (f"{what} cannot hold one {max_model_len:,}-token sequence (needs "
-                                             f"{format_bytes(one_sequence)}); the longest context that fits is "
-                                             f"{longest:,} tokens")
+            return "kv_cache_insufficient", (
+                f"{what} cannot hold one {max_model_len:,}-token sequence (needs "
+                f"{format_bytes(one_sequence)}); the longest context that fits is "
+                f"{longest:,} tokens"
+            )
         if tier_bytes and peak_bytes > tier_bytes:
-            return "tier_exceeded", (f"the predicted peak {format_bytes(peak_bytes)} exceeds the "
-                                     f"{format_bytes(tier_bytes)} tier")
+            return "tier_exceeded", (
+                f"the predicted peak {format_bytes(peak_bytes)} exceeds the {format_bytes(tier_bytes)} tier"
+            )
         return "fits", (f"{kv_tokens.value:,} KV tokens hold {concurrency:.2f} sequences of {max_model_len:,} tokens")
 
     verdict, summary = verdict_for(kv.value, weights.value, peak.value)
@@ -437,13 +497,34 @@ def plan(info: ModelInfo, flags: Mapping[str, Any], card: Card, *, env: Mapping[
     worst = verdict_for(kv.low, weights.high, peak.high)[0]
     best = verdict_for(kv.high, weights.low, peak.low)[0]
     sure = worst == verdict == best
-    return Plan(model=info.name, backend=card.backend, card=card.name, total_bytes=card.total_bytes,
-                utilization=utilization, requested_bytes=requested, weights=weights, activation=activation,
-                non_torch=non_torch, graph=graph, graph_in_budget=graph_in_budget, kv_bytes=kv,
-                kv_bytes_per_token=per_token, block_size=block, kv_tokens=kv_tokens, max_model_len=max_model_len,
-                max_concurrency=concurrency, verdict=verdict, summary=summary,
-                longest_context=_longest(kv.value, per_token, block), peak_bytes=peak, tier_bytes=tier_bytes,
-                vllm_version=vllm_version, tensor_parallel_size=tp, sure=sure, notes=notes)
+    return Plan(
+        model=info.name,
+        backend=card.backend,
+        card=card.name,
+        total_bytes=card.total_bytes,
+        utilization=utilization,
+        requested_bytes=requested,
+        weights=weights,
+        activation=activation,
+        non_torch=non_torch,
+        graph=graph,
+        graph_in_budget=graph_in_budget,
+        kv_bytes=kv,
+        kv_bytes_per_token=per_token,
+        block_size=block,
+        kv_tokens=kv_tokens,
+        max_model_len=max_model_len,
+        max_concurrency=concurrency,
+        verdict=verdict,
+        summary=summary,
+        longest_context=_longest(kv.value, per_token, block),
+        peak_bytes=peak,
+        tier_bytes=tier_bytes,
+        vllm_version=vllm_version,
+        tensor_parallel_size=tp,
+        sure=sure,
+        notes=notes,
+    )
 
 
 def _longest(kv_bytes: int, per_token: int, block: int) -> int:

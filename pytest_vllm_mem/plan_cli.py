@@ -42,8 +42,9 @@ def _tier(text: str) -> str:
 def _env(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"{text!r} is not an environment variable: write NAME=VALUE, e.g. "
-                                         "VLLM_CPU_KVCACHE_SPACE=1")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an environment variable: write NAME=VALUE, e.g. VLLM_CPU_KVCACHE_SPACE=1"
+        )
     return key.strip(), value
 
 
@@ -52,34 +53,66 @@ def _plan_flag(text: str) -> tuple[str, Any]:
     key, sep, value = text.partition("=")
     key = key.strip().lstrip("-").replace("-", "_")
     if not key or not key.replace("_", "").isalnum() or key in ("model", "host", "port"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a vLLM flag the plan reads: write NAME=VALUE "
-                                         "(max_model_len=4096, gpu_memory_utilization=0.8) or a bare NAME for an "
-                                         "on/off flag (enforce_eager); the model is --model")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a vLLM flag the plan reads: write NAME=VALUE "
+            "(max_model_len=4096, gpu_memory_utilization=0.8) or a bare NAME for an "
+            "on/off flag (enforce_eager); the model is --model"
+        )
     return key, (value if sep else True)
 
 
 def add_plan_parser(commands: Any) -> None:
     plan_parser = commands.add_parser(
-        "plan", help="predict vLLM's memory plan for a model on a tier, without starting a server",
+        "plan",
+        help="predict vLLM's memory plan for a model on a tier, without starting a server",
         description="Read the model's config.json and safetensors headers (a local folder or the local Hugging Face "
-                    "cache; never the hub) and compute vLLM's startup budget: weights, overheads with their range, "
-                    "KV cache and tokens, and whether it fits. Then the example suite's ladder A-D for the model "
-                    "and card. Exit 0 when the config fits, 1 when it is predicted not to, 2 on bad input.")
+        "cache; never the hub) and compute vLLM's startup budget: weights, overheads with their range, "
+        "KV cache and tokens, and whether it fits. Then the example suite's ladder A-D for the model "
+        "and card. Exit 0 when the config fits, 1 when it is predicted not to, 2 on bad input.",
+    )
     add = plan_parser.add_argument
     add("--model", required=True, help="local model folder, a hub name already in the local HF cache, or 'tiny'")
-    add("--tier", type=_tier, default="24gb",
-        help="card size: 8gb, 16gb, 24gb, 40gb, 80gb, NNgb, NNgib, or auto (this machine's device) (default 24gb)")
-    add("--backend", choices=("cuda", "cpu"), default="cuda",
+    add(
+        "--tier",
+        type=_tier,
+        default="24gb",
+        help="card size: 8gb, 16gb, 24gb, 40gb, 80gb, NNgb, NNgib, or auto (this machine's device) (default 24gb)",
+    )
+    add(
+        "--backend",
+        choices=("cuda", "cpu"),
+        default="cuda",
         help="cuda: a GPU of the tier's size (default; runs anywhere); cpu: vLLM's CPU backend on this machine's "
-             "memory node, the tier emulated as the plugin does")
-    add("--flag", type=_plan_flag, action="append", default=[], metavar="NAME[=VALUE]",
-        help="a vLLM flag, e.g. --flag max_model_len=4096 --flag enforce_eager --flag tensor_parallel_size=2")
-    add("--env", type=_env, action="append", default=[], metavar="NAME=VALUE",
-        help="a server environment variable the plan reads (VLLM_CPU_KVCACHE_SPACE)")
-    add("--vllm-version", default=None,
-        help="vLLM release to plan for (default: the installed one; before 0.21 CUDA graphs are outside the budget)")
-    add("--calibration", type=Path, default=None, metavar="PATH",
-        help="calibration file written by real runs (default: none; the plugin keeps it beside the baselines)")
+        "memory node, the tier emulated as the plugin does",
+    )
+    add(
+        "--flag",
+        type=_plan_flag,
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="a vLLM flag, e.g. --flag max_model_len=4096 --flag enforce_eager --flag tensor_parallel_size=2",
+    )
+    add(
+        "--env",
+        type=_env,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a server environment variable the plan reads (VLLM_CPU_KVCACHE_SPACE)",
+    )
+    add(
+        "--vllm-version",
+        default=None,
+        help="vLLM release to plan for (default: the installed one; before 0.21 CUDA graphs are outside the budget)",
+    )
+    add(
+        "--calibration",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="calibration file written by real runs (default: none; the plugin keeps it beside the baselines)",
+    )
     add("--json", type=Path, default=None, metavar="PATH", help="also write the plan and the ladder to this file")
     plan_parser.set_defaults(run=run_plan, command_parser=plan_parser)
 
@@ -116,11 +149,21 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         calibration = None
         if args.calibration is not None:
             calibration = CalibrationStore(args.calibration).find(model, version, flags)
-        common: dict[str, Any] = {"env": dict(args.env), "vllm_version": version, "default_utilization": 0.92,
-                                  "tier_bytes": None if tier.auto else tier.bytes, "calibration": calibration}
+        common: dict[str, Any] = {
+            "env": dict(args.env),
+            "vllm_version": version,
+            "default_utilization": 0.92,
+            "tier_bytes": None if tier.auto else tier.bytes,
+            "calibration": calibration,
+        }
         result = plan(info, flags, card, **common)
-        rungs = ladder(info, {k: v for k, v in dict(args.flag).items() if k != "gpu_memory_utilization"}, card,
-                       launch=lambda f: scaled_flags(f, tier, card, 0.92), **common)
+        rungs = ladder(
+            info,
+            {k: v for k, v in dict(args.flag).items() if k != "gpu_memory_utilization"},
+            card,
+            launch=lambda f: scaled_flags(f, tier, card, 0.92),
+            **common,
+        )
     except (PlanError, ModelInfoError) as error:
         parser.error(str(error))
     for line in result.lines():
@@ -130,10 +173,19 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     for line in ladder_table(rungs):
         _print("  " + line)
     if args.json is not None:
-        document = {"plan": result.to_dict(),
-                    "ladder": [{"rung": r.name, "flags": r.flags, "plan": r.plan.to_dict(),
-                                "lowest_utilization": r.lowest_utilization,
-                                "highest_utilization": r.highest_utilization} for r in rungs]}
+        document = {
+            "plan": result.to_dict(),
+            "ladder": [
+                {
+                    "rung": r.name,
+                    "flags": r.flags,
+                    "plan": r.plan.to_dict(),
+                    "lowest_utilization": r.lowest_utilization,
+                    "highest_utilization": r.highest_utilization,
+                }
+                for r in rungs
+            ],
+        }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         tmp = args.json.with_name(args.json.name + ".tmp")
         tmp.write_text(json.dumps(document, indent=2) + "\n")

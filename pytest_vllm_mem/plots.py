@@ -22,8 +22,9 @@ if TYPE_CHECKING:
 
 FIGURE_INCHES = (10.0, 4.5)
 DPI = 100  # 1000 x 450 px: readable in a GitHub markdown summary without zooming
-MATPLOTLIB_MISSING = ("--vllm-plots needs matplotlib, an optional extra: pip install 'pytest-vllm-mem[plots]' "
-                      "(or pip install matplotlib)")
+MATPLOTLIB_MISSING = (
+    "--vllm-plots needs matplotlib, an optional extra: pip install 'pytest-vllm-mem[plots]' (or pip install matplotlib)"
+)
 
 STARTUP_COLOR = "#cfe2f3"  # light blue
 LOAD_COLORS = ("#d9ead3", "#fce5cd")  # light green, light orange, alternating so adjacent loads stay apart
@@ -58,7 +59,7 @@ def phase_windows(markers: list[tuple[str, float]], origin: float, last: float) 
     for index, (label, t) in enumerate(markers):
         if not re.fullmatch(r"load \d+", label):
             continue
-        end_t = next((t2 for label2, t2 in markers[index + 1:] if label2 == "load end"), None)
+        end_t = next((t2 for label2, t2 in markers[index + 1 :] if label2 == "load end"), None)
         color = LOAD_COLORS[loads % len(LOAD_COLORS)]
         loads += 1
         shown = label if end_t is not None else f"{label} (unfinished)"
@@ -170,10 +171,18 @@ class _Timeline:
         return x, y
 
 
-def plot_timeline(samples: list[tuple[float, int]], markers: list[tuple[str, float]], *, path: Path, title: str,
-                  tier_bytes: int | None, tier_label: str | None, phases: dict[str, float] | None = None,
-                  breakdown: dict[str, float] | None = None,
-                  y_label: str = "memory used by the server (GiB)") -> Path:
+def plot_timeline(
+    samples: list[tuple[float, int]],
+    markers: list[tuple[str, float]],
+    *,
+    path: Path,
+    title: str,
+    tier_bytes: int | None,
+    tier_label: str | None,
+    phases: dict[str, float] | None = None,
+    breakdown: dict[str, float] | None = None,
+    y_label: str = "memory used by the server (GiB)",
+) -> Path:
     """Draw memory over time to `path` (PNG, 1000x450 px) and return `path`.
 
     `samples` are (monotonic seconds, bytes) and `markers` (label, monotonic seconds) as MemorySampler keeps them;
@@ -195,8 +204,7 @@ def plot_timeline(samples: list[tuple[float, int]], markers: list[tuple[str, flo
     healthy = next((t - origin for label, t in markers if label == "healthy"), None)
     end = max(last - origin, 1.0)
     split = bool(samples) and healthy is not None and samples[-1][0] - origin - healthy > 0.5
-    grid = figure.add_gridspec(1, 3 if split else 2, width_ratios=(1.2, 1.3, 0.8) if split else (2.5, 0.8),
-                               wspace=0.0)
+    grid = figure.add_gridspec(1, 3 if split else 2, width_ratios=(1.2, 1.3, 0.8) if split else (2.5, 0.8), wspace=0.0)
     panels = [figure.add_subplot(grid[0, 0])]
     if split:
         panels.append(figure.add_subplot(grid[0, 1], sharey=panels[0]))
@@ -212,8 +220,16 @@ def plot_timeline(samples: list[tuple[float, int]], markers: list[tuple[str, flo
 
     if not samples:
         axes = panels[0]
-        axes.text(0.5, 0.5, "no samples: the memory sampler recorded nothing for this server",
-                  transform=axes.transAxes, ha="center", va="center", fontsize=11, color="#7f7f7f")
+        axes.text(
+            0.5,
+            0.5,
+            "no samples: the memory sampler recorded nothing for this server",
+            transform=axes.transAxes,
+            ha="center",
+            va="center",
+            fontsize=11,
+            color="#7f7f7f",
+        )
         axes.set_xlim(0, end)
         axes.set_ylim(0, 1)
         axes.set_yticks([])
@@ -227,9 +243,17 @@ def plot_timeline(samples: list[tuple[float, int]], markers: list[tuple[str, flo
             _draw_panel(panels[0], timeline, 0.0, end * 1.01, startup_panel=None)
         _mark_peak(panels, timeline)
         if timeline.tier_gib is not None and not timeline.tier_on_scale:
-            side.text(0.0, 0.02, f"{timeline.tier_text}\n= {timeline.tier_gib:.2f} GiB, far above this\n"
-                      f"scale: the peak is {_share(max(timeline.ys), timeline.tier_gib)} of it",
-                      transform=side.transAxes, ha="left", va="bottom", fontsize=9, color=TIER_COLOR)
+            side.text(
+                0.0,
+                0.02,
+                f"{timeline.tier_text}\n= {timeline.tier_gib:.2f} GiB, far above this\n"
+                f"scale: the peak is {_share(max(timeline.ys), timeline.tier_gib)} of it",
+                transform=side.transAxes,
+                ha="left",
+                va="bottom",
+                fontsize=9,
+                color=TIER_COLOR,
+            )
 
     _draw_side_panel(side, breakdown or {}, samples, phases or {})
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -245,16 +269,31 @@ def _share(part: float, whole: float) -> str:
     return f"{part / whole:.0%}" if part / whole >= 0.1 else f"{part / whole:.1%}"
 
 
-def _timeline(samples: list[tuple[float, int]], markers: list[tuple[str, float]], origin: float, last: float,
-              tier_bytes: int | None, tier_label: str | None, phases: dict[str, float]) -> _Timeline:
+def _timeline(
+    samples: list[tuple[float, int]],
+    markers: list[tuple[str, float]],
+    origin: float,
+    last: float,
+    tier_bytes: int | None,
+    tier_label: str | None,
+    phases: dict[str, float],
+) -> _Timeline:
     xs = [t - origin for t, _ in samples]
     ys = [b / GIB for _, b in samples]
     peak = max(ys)
     tier_gib = tier_bytes / GIB if tier_bytes else None
     tier_on_scale = tier_gib is not None and tier_gib <= max(peak, 1e-9) * TIER_OFF_SCALE_RATIO
     top = max(peak, tier_gib if tier_gib is not None and tier_on_scale else 0.0) * 1.25 or 1.0
-    return _Timeline(xs, ys, phase_windows(markers, origin, last), phases, top, tier_gib, tier_on_scale,
-                     tier_text(tier_label, tier_bytes) if tier_bytes else "")
+    return _Timeline(
+        xs,
+        ys,
+        phase_windows(markers, origin, last),
+        phases,
+        top,
+        tier_gib,
+        tier_on_scale,
+        tier_text(tier_label, tier_bytes) if tier_bytes else "",
+    )
 
 
 def _draw_panel(axes: Any, timeline: _Timeline, lo: float, hi: float, *, startup_panel: bool | None) -> None:
@@ -278,8 +317,17 @@ def _draw_panel(axes: Any, timeline: _Timeline, lo: float, hi: float, *, startup
         if (middle - lo) * px_per_s - half < free_from:
             continue
         free_from = (middle - lo) * px_per_s + half
-        axes.text(middle, timeline.top * 0.975, window.label, ha="center", va="top", rotation=90 if narrow else 0,
-                  fontsize=9, color="#333333", zorder=5)
+        axes.text(
+            middle,
+            timeline.top * 0.975,
+            window.label,
+            ha="center",
+            va="top",
+            rotation=90 if narrow else 0,
+            fontsize=9,
+            color="#333333",
+            zorder=5,
+        )
 
     if startup_panel is not False:
         _draw_phases(axes, timeline, lo, hi)
@@ -287,9 +335,17 @@ def _draw_panel(axes: Any, timeline: _Timeline, lo: float, hi: float, *, startup
     if timeline.tier_gib is not None and timeline.tier_on_scale:
         axes.axhline(timeline.tier_gib, color=TIER_COLOR, linestyle="--", linewidth=1.5, zorder=4)
         if startup_panel is not False:
-            axes.text(lo + width * 0.015, timeline.tier_gib, f"{timeline.tier_text} = {timeline.tier_gib:.2f} GiB",
-                      color=TIER_COLOR, fontsize=9.5, ha="left", va="bottom", zorder=6,
-                      bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.8})
+            axes.text(
+                lo + width * 0.015,
+                timeline.tier_gib,
+                f"{timeline.tier_text} = {timeline.tier_gib:.2f} GiB",
+                color=TIER_COLOR,
+                fontsize=9.5,
+                ha="left",
+                va="bottom",
+                zorder=6,
+                bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.8},
+            )
 
     peak = timeline.peak_within(lo, hi)
     if startup_panel is True:
@@ -331,9 +387,18 @@ def _draw_phases(axes: Any, timeline: _Timeline, lo: float, hi: float) -> None:
         row = row + 1 if x - previous_x < (hi - lo) * 0.045 and row < 2 else 0
         previous_x = x
         axes.axvline(x, color=PHASE_COLOR, linestyle=":", linewidth=1.2, zorder=1)
-        axes.text(x, timeline.top * (0.965 - 0.075 * row), str(number), ha="center", va="top", fontsize=8.5,
-                  color="white", fontweight="bold", zorder=6,
-                  bbox={"boxstyle": "circle,pad=0.2", "facecolor": PHASE_COLOR, "edgecolor": "none"})
+        axes.text(
+            x,
+            timeline.top * (0.965 - 0.075 * row),
+            str(number),
+            ha="center",
+            va="top",
+            fontsize=8.5,
+            color="white",
+            fontweight="bold",
+            zorder=6,
+            bbox={"boxstyle": "circle,pad=0.2", "facecolor": PHASE_COLOR, "edgecolor": "none"},
+        )
 
 
 def _mark_peak(panels: list[Any], timeline: _Timeline) -> None:
@@ -341,23 +406,36 @@ def _mark_peak(panels: list[Any], timeline: _Timeline) -> None:
     peak_y = max(timeline.ys)
     peak_x = timeline.xs[timeline.ys.index(peak_y)]
     axes = next((a for a in reversed(panels) if a.get_xlim()[0] <= peak_x <= a.get_xlim()[1]), panels[0])
-    where = next((w.label.split(" (")[0] for w in timeline.windows
-                  if w.start <= peak_x <= w.end and w.color != STARTUP_COLOR), None)
+    where = next(
+        (w.label.split(" (")[0] for w in timeline.windows if w.start <= peak_x <= w.end and w.color != STARTUP_COLOR),
+        None,
+    )
     if where is None and any(w.start <= peak_x <= w.end for w in timeline.windows if w.color == STARTUP_COLOR):
         where = "startup"
     share = f" = {_share(peak_y, timeline.tier_gib)} of the tier" if timeline.tier_gib else ""
     text = f"peak {peak_y:.2f} GiB{share}\nat {peak_x:.1f} s" + (f" ({where})" if where else "")
     axes.plot([peak_x], [peak_y], marker="o", markersize=6, color=TIER_COLOR, zorder=7)
     dx, dy, ha, va = _clear_spot(axes, timeline, peak_x, peak_y, text)
-    axes.annotate(text, xy=(peak_x, peak_y), xytext=(dx, dy), textcoords="offset points", ha=ha, va=va,
-                  fontsize=9.5, zorder=8,
-                  bbox={"boxstyle": "round,pad=0.3", "facecolor": "white", "edgecolor": TIER_COLOR},
-                  arrowprops={"arrowstyle": "-", "color": TIER_COLOR, "linewidth": 1.0})
+    axes.annotate(
+        text,
+        xy=(peak_x, peak_y),
+        xytext=(dx, dy),
+        textcoords="offset points",
+        ha=ha,
+        va=va,
+        fontsize=9.5,
+        zorder=8,
+        bbox={"boxstyle": "round,pad=0.3", "facecolor": "white", "edgecolor": TIER_COLOR},
+        arrowprops={"arrowstyle": "-", "color": TIER_COLOR, "linewidth": 1.0},
+    )
 
 
 # Where the peak note may go, nearest first: (dx, dy) in points from the peak, and the text alignment there.
-_NOTE_SPOTS = tuple((dx, dy, "right" if dx < 0 else "left", "bottom" if dy > 0 else "top" if dy < 0 else "center")
-                    for dy in (26, -26, 0, 60, -60, -110) for dx in (-14, 14, -40, 40))
+_NOTE_SPOTS = tuple(
+    (dx, dy, "right" if dx < 0 else "left", "bottom" if dy > 0 else "top" if dy < 0 else "center")
+    for dy in (26, -26, 0, 60, -60, -110)
+    for dx in (-14, 14, -40, 40)
+)
 
 
 def _clear_spot(axes: Any, timeline: _Timeline, x: float, y: float, text: str) -> tuple[float, float, str, str]:
@@ -368,7 +446,7 @@ def _clear_spot(axes: Any, timeline: _Timeline, x: float, y: float, text: str) -
     height = len(lines) * 9.5 * 1.25 + 8
     to_points = 72.0 / DPI
     transform = axes.transData
-    (px, py), = transform.transform([(x, y)]) * to_points
+    ((px, py),) = transform.transform([(x, y)]) * to_points
     lo, hi = axes.get_xlim()
     (left, bottom), (right, top) = transform.transform([(lo, 0), (hi, timeline.top * 0.86)]) * to_points
     step = max(1, len(timeline.xs) // 2000)
@@ -391,8 +469,15 @@ def _break_marks(left: Any, right: Any) -> None:
     left.spines["right"].set_visible(False)
     right.spines["left"].set_visible(False)
     right.tick_params(left=False, labelleft=False)
-    style = {"marker": [(-1, -1), (1, 1)], "markersize": 10, "linestyle": "none", "color": "#333333",
-             "mec": "#333333", "mew": 1, "clip_on": False}
+    style = {
+        "marker": [(-1, -1), (1, 1)],
+        "markersize": 10,
+        "linestyle": "none",
+        "color": "#333333",
+        "mec": "#333333",
+        "mew": 1,
+        "clip_on": False,
+    }
     left.plot([1, 1], [0, 1], transform=left.transAxes, **style)
     right.plot([0, 0], [0, 1], transform=right.transAxes, **style)
 
@@ -412,8 +497,9 @@ def _wrap(text: str, width: int, indent: int) -> list[str]:
     return [*lines, line]
 
 
-def _draw_side_panel(side: Any, breakdown: dict[str, float], samples: list[tuple[float, int]],
-                     phases: dict[str, float]) -> None:
+def _draw_side_panel(
+    side: Any, breakdown: dict[str, float], samples: list[tuple[float, int]], phases: dict[str, float]
+) -> None:
     lines: list[str] = []
     if breakdown:
         width = max(len(label) for label in breakdown)
@@ -429,8 +515,17 @@ def _draw_side_panel(side: Any, breakdown: dict[str, float], samples: list[tuple
     if len(samples) > 1:
         period = (samples[-1][0] - samples[0][0]) / (len(samples) - 1)
         lines.append(f"{len(samples):,} samples, every {period * 1000:.0f} ms")
-    side.text(0.0, 0.98, "\n".join(lines), transform=side.transAxes, ha="left", va="top", fontsize=8,
-              family="monospace", linespacing=1.4)
+    side.text(
+        0.0,
+        0.98,
+        "\n".join(lines),
+        transform=side.transAxes,
+        ha="left",
+        va="top",
+        fontsize=8,
+        family="monospace",
+        linespacing=1.4,
+    )
 
 
 # -- one PNG per server -----------------------------------------------------------------------------------------------
@@ -448,8 +543,11 @@ def plot_filename(server: Any) -> str:
 
 def _with_duration(event: str, memory: Any) -> str:
     """`engine ready (init 8.4 s)`: the step's own duration from the log, where vLLM printed one."""
-    field, wording = {"weights loaded": ("weights_load_s", ""), "graphs captured": ("graph_capture_s", ""),
-                      "engine ready": ("engine_init_s", "init ")}.get(event, (None, ""))
+    field, wording = {
+        "weights loaded": ("weights_load_s", ""),
+        "graphs captured": ("graph_capture_s", ""),
+        "engine ready": ("engine_init_s", "init "),
+    }.get(event, (None, ""))
     seconds = getattr(memory, field, None) if field else None
     return f"{event} ({wording}{seconds:.1f} s)" if seconds is not None else event
 
@@ -462,8 +560,9 @@ def plot_record(record: TestRecord, server: VLLMServer | None, plots_dir: Path) 
     """
     _import_matplotlib()  # fail before any work, with the clear message
     if server is None or getattr(server, "sampler", None) is None:
-        raise ValueError(f"plot_record: the record of {record.test_id} has no server timeline to plot "
-                         "(pass the VLLMServer it used).")
+        raise ValueError(
+            f"plot_record: the record of {record.test_id} has no server timeline to plot (pass the VLLMServer it used)."
+        )
     samples = server.sampler.samples
     markers = server.sampler.markers
     launch = next((t for label, t in markers if label == "launch"), None)  # the plot's time zero
@@ -486,8 +585,15 @@ def plot_record(record: TestRecord, server: VLLMServer | None, plots_dir: Path) 
     title += f"\nvLLM server pid {server.pid} on {record.device} ({record.backend})"
     if record.failure:
         title += f"   -   failed: {record.failure.get('kind')}"
-    y_label = ("GiB (RSS of the server processes)" if record.backend == "cpu"
-               else "GiB of GPU memory (server processes)")
-    return plot_timeline(samples, markers, path=Path(plots_dir) / plot_filename(server), title=title,
-                         tier_bytes=record.tier_bytes or None, tier_label=record.tier or None, phases=phases,
-                         breakdown=startup_breakdown(getattr(server, "memory", None)), y_label=y_label)
+    y_label = "GiB (RSS of the server processes)" if record.backend == "cpu" else "GiB of GPU memory (server processes)"
+    return plot_timeline(
+        samples,
+        markers,
+        path=Path(plots_dir) / plot_filename(server),
+        title=title,
+        tier_bytes=record.tier_bytes or None,
+        tier_label=record.tier or None,
+        phases=phases,
+        breakdown=startup_breakdown(getattr(server, "memory", None)),
+        y_label=y_label,
+    )

@@ -34,8 +34,7 @@ from .workers import WorkerDeviceError, assign_worker_gpus
 MARKERS = [
     "vllm_tier(min=None, *, max=None): the GPU memory tier a test needs (e.g. '24gb'); skipped on smaller tiers, "
     "or on larger ones with max=",
-    "vllm_tolerance(**metrics): per-test baseline tolerances, e.g. output_throughput='20%', "
-    "load_peak_memory='256MiB'",
+    "vllm_tolerance(**metrics): per-test baseline tolerances, e.g. output_throughput='20%', load_peak_memory='256MiB'",
 ]
 
 
@@ -106,8 +105,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if minimum is None and maximum is None:
         return
     selected = state.tier
-    reason = tier_skip_reason(selected, parse_tier(minimum) if minimum else None,
-                              parse_tier(maximum) if maximum else None)
+    reason = tier_skip_reason(
+        selected, parse_tier(minimum) if minimum else None, parse_tier(maximum) if maximum else None
+    )
     if not state.settings.vllm_preflight:
         reason = reason or device_skip_reason(selected, state.device.name, state.device.total_bytes)
     if reason:
@@ -132,15 +132,17 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
-                              ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     state: SessionState = item.config.stash[state_key]
     # UsageError and ServerLaunchError too: a corrupt baseline file, an interpreter without vLLM
     # (--vllm-python) or an unwritable --vllm-log-dir is found during a test and failed it with a traceback through
     # the plugin; the message alone names the input.
-    if call.excinfo is not None and call.excinfo.errisinstance((VLLMStartupError, LoadFailed, UsageError,
-                                                                 ServerLaunchError)):
+    if call.excinfo is not None and call.excinfo.errisinstance(
+        (VLLMStartupError, LoadFailed, UsageError, ServerLaunchError)
+    ):
         # The message already quotes the root cause and the next step; a traceback through the plugin adds nothing.
         report.longrepr = str(call.excinfo.value)
     record = state.records.get(item.nodeid)

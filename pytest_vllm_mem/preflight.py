@@ -30,8 +30,9 @@ LADDER: tuple[tuple[str, dict[str, Any]], ...] = (
 )
 
 
-def card_for(backend: str, tier: Tier, *, device_name: str = "", device_total: int | None = None,
-             available: int | None = None) -> Card:
+def card_for(
+    backend: str, tier: Tier, *, device_name: str = "", device_total: int | None = None, available: int | None = None
+) -> Card:
     """The memory vLLM will size from. GPU: the tier's bytes (the plugin scales the utilization to emulate a tier on
     a larger card, so utilization x tier is what vLLM reserves). CPU: the node's total, utilization scaled alike."""
     if backend == "cpu":
@@ -64,8 +65,13 @@ def utilization_range(fits: Callable[[float], bool]) -> tuple[float | None, floa
     return (ok[0], ok[-1]) if ok else (None, None)
 
 
-def ladder(info: ModelInfo, base_flags: Mapping[str, Any], card: Card,
-           launch: Callable[[dict[str, Any]], dict[str, Any]] = dict, **plan_args: Any) -> list[Rung]:
+def ladder(
+    info: ModelInfo,
+    base_flags: Mapping[str, Any],
+    card: Card,
+    launch: Callable[[dict[str, Any]], dict[str, Any]] = dict,
+    **plan_args: Any,
+) -> list[Rung]:
     """The example suite's rungs A-D for `info` on `card`, each with the utilization range that fits; `launch` maps
     a rung's flags to the flags the plugin would launch (the CPU tier emulation scales the utilization)."""
     rungs = []
@@ -89,19 +95,42 @@ def ladder_table(rungs: list[Rung]) -> list[str]:
         p = rung.plan
         flags = " ".join(f"{k}={v}" if v is not True else k for k, v in rung.flags.items())
         span = f"{rung.lowest_utilization:.2f}-{rung.highest_utilization:.2f}" if rung.lowest_utilization else "none"
-        rows.append([rung.name, flags, p.verdict + ("" if p.sure else "?"), f"{p.kv_bytes.value / GIB:.2f} GiB",
-                     f"{p.kv_tokens.value:,}", f"{p.max_concurrency:.2f}x", span])
+        rows.append(
+            [
+                rung.name,
+                flags,
+                p.verdict + ("" if p.sure else "?"),
+                f"{p.kv_bytes.value / GIB:.2f} GiB",
+                f"{p.kv_tokens.value:,}",
+                f"{p.max_concurrency:.2f}x",
+                span,
+            ]
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
 
 
-def plan_config(config: VLLMConfig, card: Card, *, tier: Tier, vllm_version: str | None,
-                default_utilization: float, calibration: Calibration | None = None) -> Plan:
+def plan_config(
+    config: VLLMConfig,
+    card: Card,
+    *,
+    tier: Tier,
+    vllm_version: str | None,
+    default_utilization: float,
+    calibration: Calibration | None = None,
+) -> Plan:
     """The plan of a launched config (model already resolved, flags as launched). Raises PlanError/ModelInfoError."""
     info = load_model_info(config.model)
-    return plan(info, dict(config.flags), card, env=config.env, vllm_version=vllm_version,
-                default_utilization=default_utilization, tier_bytes=None if tier.auto else tier.bytes,
-                calibration=calibration)
+    return plan(
+        info,
+        dict(config.flags),
+        card,
+        env=config.env,
+        vllm_version=vllm_version,
+        default_utilization=default_utilization,
+        tier_bytes=None if tier.auto else tier.bytes,
+        calibration=calibration,
+    )
 
 
 def try_plan(config: VLLMConfig, card: Card, **kwargs: Any) -> tuple[Plan | None, str | None]:
@@ -114,19 +143,29 @@ def try_plan(config: VLLMConfig, card: Card, **kwargs: Any) -> tuple[Plan | None
 
 def plan_figures(result: Plan) -> dict[str, float]:
     """The figures a predicted failure carries, in the units diagnose.Diagnosis uses (GiB)."""
-    return {"requested_gib": result.requested_bytes / GIB, "weights_gib": result.weights.value / GIB,
-            "kv_cache_gib": result.kv_bytes.value / GIB, "kv_cache_tokens": float(result.kv_tokens.value),
-            "max_model_len": float(result.max_model_len), "needed_gib":
-            -(-result.max_model_len // result.block_size) * result.block_size * result.kv_bytes_per_token / GIB,
-            "longest_context": float(result.longest_context)}
+    return {
+        "requested_gib": result.requested_bytes / GIB,
+        "weights_gib": result.weights.value / GIB,
+        "kv_cache_gib": result.kv_bytes.value / GIB,
+        "kv_cache_tokens": float(result.kv_tokens.value),
+        "max_model_len": float(result.max_model_len),
+        "needed_gib": -(-result.max_model_len // result.block_size)
+        * result.block_size
+        * result.kv_bytes_per_token
+        / GIB,
+        "longest_context": float(result.longest_context),
+    }
 
 
 def compare(result: Plan, memory: Mapping[str, Any]) -> dict[str, Any]:
     """Plan vs what vLLM logged at startup (diagnose.StartupMemory.to_dict()), term by term."""
     rows: dict[str, Any] = {}
     pairs: tuple[tuple[str, float], ...] = (
-        ("weights_gib", result.weights.value / GIB), ("kv_cache_gib", result.kv_bytes.value / GIB),
-        ("kv_cache_tokens", float(result.kv_tokens.value)), ("graph_capture_gib", result.graph.value / GIB))
+        ("weights_gib", result.weights.value / GIB),
+        ("kv_cache_gib", result.kv_bytes.value / GIB),
+        ("kv_cache_tokens", float(result.kv_tokens.value)),
+        ("graph_capture_gib", result.graph.value / GIB),
+    )
     if result.backend == "cpu":
         pairs += (("non_kv_gib", result.activation.value / GIB), ("requested_gib", result.requested_bytes / GIB))
     for key, planned in pairs:
@@ -139,6 +178,7 @@ def compare(result: Plan, memory: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # --- the plugin: a plan for every launched config, and --vllm-preflight ----------------------------------------------
+
 
 class PlannedServer:
     """Stands in for a server under --vllm-preflight when the plan predicts it fits: nothing runs, loads are not
@@ -160,8 +200,10 @@ class PlannedServer:
         return True
 
     def __getattr__(self, name: str) -> Any:
-        raise AttributeError(f"{name}: under --vllm-preflight no server runs (the config was planned, not started); "
-                             "only vllm_load and the plan are available")
+        raise AttributeError(
+            f"{name}: under --vllm-preflight no server runs (the config was planned, not started); "
+            "only vllm_load and the plan are available"
+        )
 
 
 def preflight_card(backend: str, tier: Tier, model_override: str | None, requested_model: str) -> str:
@@ -177,10 +219,23 @@ def planned_load_result(num_prompts: int, concurrency: int, request_rate: float 
     from .load import LoadResult, Percentiles
 
     zero = Percentiles(0.0, 0.0, 0.0, 0.0)
-    return LoadResult(num_prompts=num_prompts, concurrency=concurrency, request_rate=request_rate,
-                      completed=num_prompts, failed=0, errors=[], duration_s=0.0, request_throughput=0.0,
-                      output_throughput=0.0, total_output_tokens=0, total_input_tokens=0, ttft=zero, tpot=zero,
-                      itl=zero, e2el=zero)
+    return LoadResult(
+        num_prompts=num_prompts,
+        concurrency=concurrency,
+        request_rate=request_rate,
+        completed=num_prompts,
+        failed=0,
+        errors=[],
+        duration_s=0.0,
+        request_throughput=0.0,
+        output_throughput=0.0,
+        total_output_tokens=0,
+        total_input_tokens=0,
+        ttft=zero,
+        tpot=zero,
+        itl=zero,
+        e2el=zero,
+    )
 
 
 def plan_advice(result: Plan, replan: Callable[[dict[str, Any]], Plan]) -> list[str]:
@@ -197,8 +252,10 @@ def plan_advice(result: Plan, replan: Callable[[dict[str, Any]], Plan]) -> list[
     if low is not None:
         steps.append(f"gpu_memory_utilization between {low:.2f} and {high:.2f} (the plan fits there)")
     if result.verdict == "kv_cache_insufficient" and result.longest_context >= 256:
-        steps.append(f"max_model_len {result.max_model_len} -> {result.longest_context // 256 * 256} (the KV cache "
-                     f"holds {result.kv_tokens.value:,} tokens)")
+        steps.append(
+            f"max_model_len {result.max_model_len} -> {result.longest_context // 256 * 256} (the KV cache "
+            f"holds {result.kv_tokens.value:,} tokens)"
+        )
     if result.graph.value and replan({"enforce_eager": True}).fits:
         steps.append("enforce_eager (no CUDA graph pool: the plan fits without it)")
     return steps or ["a larger tier: no utilization, context length or eager mode makes this config fit"]
@@ -211,10 +268,15 @@ def predicted_failure(config: VLLMConfig, launched: VLLMConfig, result: Plan, ad
 
     sure = "" if result.sure else " (the verdict is within the estimate's range: a real startup may differ)"
     kind = cast("FailureKind", result.verdict)  # plan.VERDICTS other than "fits" are all failure kinds
-    diagnosis = Diagnosis(kind=kind, summary=f"predicted by the plan, not measured: {result.summary}{sure}",
-                          root_cause=tuple(line.strip() for line in result.lines()[1:]), figures=plan_figures(result))
-    error = VLLMStartupError(diagnosis, launched, None, StartupOutcome(False, result.verdict, 0.0, 0), advice,
-                             config=config)
+    diagnosis = Diagnosis(
+        kind=kind,
+        summary=f"predicted by the plan, not measured: {result.summary}{sure}",
+        root_cause=tuple(line.strip() for line in result.lines()[1:]),
+        figures=plan_figures(result),
+    )
+    error = VLLMStartupError(
+        diagnosis, launched, None, StartupOutcome(False, result.verdict, 0.0, 0), advice, config=config
+    )
     return error
 
 
@@ -247,13 +309,26 @@ def session_plan(state: Any, config: VLLMConfig, launched: VLLMConfig) -> Plan |
     calibration = state.calibrations.get(key) if hasattr(state, "calibrations") else None
     if calibration is None:
         calibration = CalibrationStore(calibration_path(settings)).get(key)
-    result, why = try_plan(planned_config, card, tier=tier, vllm_version=version,
-                           default_utilization=default_utilization, calibration=calibration)
+    result, why = try_plan(
+        planned_config,
+        card,
+        tier=tier,
+        vllm_version=version,
+        default_utilization=default_utilization,
+        calibration=calibration,
+    )
     state.plans[launched] = result.to_dict() if result is not None else {"error": why}
     if result is not None:
+
         def replan(flags: dict[str, Any]) -> Plan:
-            return plan_config(planned_config.with_flags(**flags), card, tier=tier, vllm_version=version,
-                               default_utilization=default_utilization, calibration=calibration)
+            return plan_config(
+                planned_config.with_flags(**flags),
+                card,
+                tier=tier,
+                vllm_version=version,
+                default_utilization=default_utilization,
+                calibration=calibration,
+            )
 
         state.plan_objects[launched] = (result, key, planned_config, replan)
     if planned_config != launched:  # a predicted failure reports the config as planned: find its plan by it too
@@ -288,8 +363,9 @@ def learn_from_startup(state: Any, launched: VLLMConfig, memory: Any, peak_bytes
             pass  # the baseline write reports an unwritable folder; a calibration is not worth a second error
 
 
-def planned_or_raise(state: Any, config: VLLMConfig, launched: VLLMConfig, result: Plan | None,
-                     notes: list[str]) -> PlannedServer:
+def planned_or_raise(
+    state: Any, config: VLLMConfig, launched: VLLMConfig, result: Plan | None, notes: list[str]
+) -> PlannedServer:
     """--vllm-preflight: a PlannedServer when the plan fits, else the predicted VLLMStartupError. A model that
     cannot be planned is a usage problem of the preflight, reported as a skip with the reason."""
     import pytest

@@ -85,15 +85,20 @@ def table_rows(records: list[TestRecord]) -> list[tuple[list[str], str | None]]:
         throughput = _load_value(record, "output_throughput")
         kv = record.memory.get("kv_cache_tokens")
         cell, color = baseline_cell(record)
-        rows.append(([
-            _short_test_id(record.test_id),
-            record.outcome,
-            peak_cell(record),
-            kv_cell(kv, record.plan),
-            f"{throughput:,.0f}" if throughput else "-",
-            f"{ttft:,.0f} ms" if ttft else "-",
-            cell,
-        ], color if record.outcome == "ok" else "red"))
+        rows.append(
+            (
+                [
+                    _short_test_id(record.test_id),
+                    record.outcome,
+                    peak_cell(record),
+                    kv_cell(kv, record.plan),
+                    f"{throughput:,.0f}" if throughput else "-",
+                    f"{ttft:,.0f} ms" if ttft else "-",
+                    cell,
+                ],
+                color if record.outcome == "ok" else "red",
+            )
+        )
     return rows
 
 
@@ -120,8 +125,9 @@ def upgrade_rows(record: TestRecord) -> list[list[str]]:
             status = f"{status} (tolerance {c['tolerance']})"
         elif status == "info":
             status = "reported"
-        rows.append([c["metric"], base, format_quantity(c["now"], unit),
-                     "-" if c["baseline"] is None else _change(c), status])
+        rows.append(
+            [c["metric"], base, format_quantity(c["now"], unit), "-" if c["baseline"] is None else _change(c), status]
+        )
     return rows
 
 
@@ -151,8 +157,10 @@ def upgrade_lines(records: list[TestRecord]) -> list[str]:
         lines.append(_upgrade_title(old, new, len(group)))
         for record in group:
             baseline = record.baseline or {}
-            lines.append(f"{_short_test_id(record.test_id)}: baseline {baseline.get('env')}, recorded "
-                         f"{baseline.get('recorded_at')}, commit {baseline.get('commit') or 'unknown'}")
+            lines.append(
+                f"{_short_test_id(record.test_id)}: baseline {baseline.get('env')}, recorded "
+                f"{baseline.get('recorded_at')}, commit {baseline.get('commit') or 'unknown'}"
+            )
             header = [UPGRADE_COLUMNS[0], f"vLLM {old}", f"vLLM {new}", *UPGRADE_COLUMNS[3:]]
             lines.extend("  " + line for line in format_table(upgrade_rows(record), header))
         lines.extend(_upgrade_notes(group))
@@ -165,8 +173,10 @@ def upgrade_markdown(records: list[TestRecord]) -> str:
         parts.append(f"#### {_upgrade_title(old, new, len(group))}\n")
         for record in group:
             baseline = record.baseline or {}
-            parts.append(f"**{_short_test_id(record.test_id)}** (baseline recorded {baseline.get('recorded_at')}, "
-                         f"commit {baseline.get('commit') or 'unknown'})\n")
+            parts.append(
+                f"**{_short_test_id(record.test_id)}** (baseline recorded {baseline.get('recorded_at')}, "
+                f"commit {baseline.get('commit') or 'unknown'})\n"
+            )
             header = [UPGRADE_COLUMNS[0], f"vLLM {old}", f"vLLM {new}", *UPGRADE_COLUMNS[3:]]
             parts.append(_markdown_rows(header, upgrade_rows(record)))
         notes = _upgrade_notes(group)
@@ -177,10 +187,33 @@ def upgrade_markdown(records: list[TestRecord]) -> str:
 
 def upgrade_document(records: list[TestRecord]) -> list[dict[str, Any]]:
     """The upgrade report in the results JSON: per test, the versions and every figure's comparison."""
-    return [{"test_id": record.test_id, "from": old, "to": new, "baseline": record.baseline,
-             "figures": [{k: c.get(k) for k in ("metric", "unit", "baseline", "now", "change_pct", "status",
-                                                 "tolerance", "recorded", "note")} for c in record.comparisons]}
-            for (old, new), group in upgrade_groups(records).items() for record in group]
+    return [
+        {
+            "test_id": record.test_id,
+            "from": old,
+            "to": new,
+            "baseline": record.baseline,
+            "figures": [
+                {
+                    k: c.get(k)
+                    for k in (
+                        "metric",
+                        "unit",
+                        "baseline",
+                        "now",
+                        "change_pct",
+                        "status",
+                        "tolerance",
+                        "recorded",
+                        "note",
+                    )
+                }
+                for c in record.comparisons
+            ],
+        }
+        for (old, new), group in upgrade_groups(records).items()
+        for record in group
+    ]
 
 
 def _markdown_rows(header: Sequence[str], rows: list[list[str]]) -> str:
@@ -197,8 +230,12 @@ def _link(path: str, relative_to: Path | None) -> str:
 
 
 def markdown_table(records: list[TestRecord], header: str, relative_to: Path | None = None) -> str:
-    lines = [f"### vLLM memory and serving ({header})", "", "| " + " | ".join(COLUMNS) + " |",
-             "|" + "---|" * len(COLUMNS)]
+    lines = [
+        f"### vLLM memory and serving ({header})",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
     for (cells, _), record in zip(table_rows(records), records):
         if record.plot:
             cells[0] = f"[{cells[0]}]({_link(record.plot, relative_to)})"
@@ -207,7 +244,7 @@ def markdown_table(records: list[TestRecord], header: str, relative_to: Path | N
 
 
 class ReportWriter:
-    def __init__(self, state: "SessionState", config: pytest.Config) -> None:
+    def __init__(self, state: SessionState, config: pytest.Config) -> None:
         self.state = state
         self.config = config
         self.baseline_written: int | None = None
@@ -229,8 +266,10 @@ class ReportWriter:
             first = records[0]
             return f"tier {first.tier}, {first.backend} device {first.device}, vLLM {first.vllm_version}"
         device = state.device
-        return (f"tier {state.tier.name}, {device.backend} device {device.name} "
-                f"({format_bytes(device.total_bytes)}), vLLM {state.known_vllm_version or 'unknown'}")
+        return (
+            f"tier {state.tier.name}, {device.backend} device {device.name} "
+            f"({format_bytes(device.total_bytes)}), vLLM {state.known_vllm_version or 'unknown'}"
+        )
 
     def finish_record(self, record: TestRecord, server: VLLMServer | None) -> None:
         """Per-test work at teardown (plots of the timeline of the test's server)."""
@@ -244,8 +283,9 @@ class ReportWriter:
                 if message not in self.warnings:
                     self.warnings.append(message)
             except (ValueError, OSError) as error:
-                self.warnings.append(f"--vllm-plots {self.state.settings.vllm_plots}: no plot for "
-                                     f"{record.test_id}: {error}")
+                self.warnings.append(
+                    f"--vllm-plots {self.state.settings.vllm_plots}: no plot for {record.test_id}: {error}"
+                )
 
     def write_all(self, records: list[TestRecord]) -> None:
         settings = self.state.settings
@@ -255,8 +295,9 @@ class ReportWriter:
             except BaselineError as error:
                 self.errors.append(str(error))
         if settings.vllm_results:
-            self._write(settings.vllm_results, json.dumps(self.results_document(records), indent=2) + "\n",
-                        "--vllm-results")
+            self._write(
+                settings.vllm_results, json.dumps(self.results_document(records), indent=2) + "\n", "--vllm-results"
+            )
         markdown_dir = settings.vllm_markdown.parent if settings.vllm_markdown else None
         upgrade = upgrade_markdown(records)
         markdown = markdown_table(records, self.header(records), markdown_dir) if records else ""
@@ -276,11 +317,19 @@ class ReportWriter:
         state = self.state
         device = state.known_device
         if device is not None:
-            return {"tier": state.tier.name, "device": device.name, "backend": device.backend,
-                    "vllm_version": state.known_vllm_version}
+            return {
+                "tier": state.tier.name,
+                "device": device.name,
+                "backend": device.backend,
+                "vllm_version": state.known_vllm_version,
+            }
         first = records[0] if records else None
-        return {"tier": first.tier if first else state.tier_text, "device": first.device if first else None,
-                "backend": first.backend if first else None, "vllm_version": first.vllm_version if first else None}
+        return {
+            "tier": first.tier if first else state.tier_text,
+            "device": first.device if first else None,
+            "backend": first.backend if first else None,
+            "vllm_version": first.vllm_version if first else None,
+        }
 
     def results_document(self, records: list[TestRecord]) -> dict[str, Any]:
         state = self.state
@@ -306,8 +355,10 @@ class ReportWriter:
         except OSError as error:
             if tmp.parent.is_dir():
                 tmp.unlink(missing_ok=True)
-            self.errors.append(f"{option} {path}: could not write the file ({error.strerror or error}); "
-                               "pass a path in a writable folder")
+            self.errors.append(
+                f"{option} {path}: could not write the file ({error.strerror or error}); "
+                "pass a path in a writable folder"
+            )
 
     def terminal_summary(self, terminal: Terminal, records: list[TestRecord]) -> None:
         leaked = self.state.leaked
@@ -324,26 +375,36 @@ class ReportWriter:
                 terminal.line(line, **({color: True} if color else {}))
             missing = [r for r in records if r.baseline_status == "missing"]
             if missing:
-                terminal.line(f"{len(missing)} test(s) have no baseline in {self.state.settings.vllm_baseline}: "
-                              "record with --vllm-update-baseline")
+                terminal.line(
+                    f"{len(missing)} test(s) have no baseline in {self.state.settings.vllm_baseline}: "
+                    "record with --vllm-update-baseline"
+                )
             for line in upgrade_lines(records):
                 terminal.line(line, **({"red": True} if " regressed " in f" {line} " else {}))
         if self.baseline_written is not None:
             versions = sorted({r.vllm_version or "unknown" for r in records if r.baseline_status == "updated"})
             dropped = self.state.gate.store.dropped
-            pruned = (f"; dropped {len(dropped)} entries of older vLLM versions (the file keeps "
-                      f"{self.state.gate.store.keep_versions} per test, tier and device)") if dropped else ""
-            terminal.line(f"baseline: wrote {self.baseline_written} entries (vLLM {', '.join(versions) or '-'}) to "
-                          f"{self.state.settings.vllm_baseline}{pruned}")
+            pruned = (
+                (
+                    f"; dropped {len(dropped)} entries of older vLLM versions (the file keeps "
+                    f"{self.state.gate.store.keep_versions} per test, tier and device)"
+                )
+                if dropped
+                else ""
+            )
+            terminal.line(
+                f"baseline: wrote {self.baseline_written} entries (vLLM {', '.join(versions) or '-'}) to "
+                f"{self.state.settings.vllm_baseline}{pruned}"
+            )
         for option, path in self.written.items():
             terminal.line(f"{option.replace('--vllm-', '')}: {path}")
         if leaked:
-            terminal.line(f"stopped {len(leaked)} vLLM server(s) still running at session end: pids {leaked}",
-                          red=True)
+            terminal.line(f"stopped {len(leaked)} vLLM server(s) still running at session end: pids {leaked}", red=True)
         for warning in self.warnings:
             terminal.line(f"warning: {warning}", yellow=True)
         for error in self.errors:
             terminal.line(f"error: {error}", red=True)
         if self.errors:
-            terminal.line("the run fails: a file it was asked to write was not written (see the errors above)",
-                          red=True)
+            terminal.line(
+                "the run fails: a file it was asked to write was not written (see the errors above)", red=True
+            )

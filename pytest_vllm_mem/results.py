@@ -120,6 +120,11 @@ class TestRecord:
 
 def failure_dict(diagnosis: Diagnosis, advice: list[str], log_path: Path | None) -> FailureRecord:
     """A failure as the record (and the results JSON) keeps it."""
-    return {"kind": diagnosis.kind, "summary": diagnosis.summary, "phase": diagnosis.phase,
-            "root_cause": list(diagnosis.root_cause),
-            "advice": list(advice), "log": str(log_path) if log_path else None}
+    return {
+        "kind": diagnosis.kind,
+        "summary": diagnosis.summary,
+        "phase": diagnosis.phase,
+        "root_cause": list(diagnosis.root_cause),
+        "advice": list(advice),
+        "log": str(log_path) if log_path else None,
+    }

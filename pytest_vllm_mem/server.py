@@ -26,7 +26,8 @@ import requests
 from .advice import render_steps
 from .compile_cache import compile_cache_env, note_aot_load_failure
 from .config import VLLMConfig, is_secret_key
-from .devicelock import DeviceLockError, notes as lock_notes, startup_lock
+from .devicelock import DeviceLockError, startup_lock
+from .devicelock import notes as lock_notes
 from .diagnose import Diagnosis, StartupMemory, classify_failure, parse_startup_memory, phase_words, timeout_diagnosis
 from .kinds import FailureKind
 from .lifeline import lifeline
@@ -70,17 +71,31 @@ class StartupOutcome:
     peak_memory_per_gpu: tuple[int, ...] = ()  # each device's own peak, in the order of VLLMServer.devices
 
     def to_dict(self) -> StartupRecord:
-        return {"ok": self.ok, "kind": self.kind, "duration_s": round(self.duration_s, 3),
-                "peak_memory_bytes": self.peak_memory_bytes, "peak_memory_per_gpu": list(self.peak_memory_per_gpu)}
+        return {
+            "ok": self.ok,
+            "kind": self.kind,
+            "duration_s": round(self.duration_s, 3),
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "peak_memory_per_gpu": list(self.peak_memory_per_gpu),
+        }
 
 
 class VLLMStartupError(Exception):
     """A vLLM server did not become healthy. `kind` says why (see kinds.FAILURE_KINDS). As on VLLMServer, `config` is
     what the test asked for and `launched` what ran (tier emulation, overrides); `config` defaults to `launched`."""
 
-    def __init__(self, diagnosis: Diagnosis, launched: VLLMConfig, log_path: Path | None,
-                 startup: StartupOutcome, advice: list[str] | None = None, *, config: VLLMConfig | None = None,
-                 server: VLLMServer | None = None, memory: StartupMemory | None = None) -> None:
+    def __init__(
+        self,
+        diagnosis: Diagnosis,
+        launched: VLLMConfig,
+        log_path: Path | None,
+        startup: StartupOutcome,
+        advice: list[str] | None = None,
+        *,
+        config: VLLMConfig | None = None,
+        server: VLLMServer | None = None,
+        memory: StartupMemory | None = None,
+    ) -> None:
         self.diagnosis = diagnosis
         self.kind: FailureKind = diagnosis.kind
         self.config = config if config is not None else launched
@@ -96,8 +111,9 @@ class VLLMStartupError(Exception):
         # The phase, unless the summary says it already (a device OOM's does).
         where = phase_words(self.diagnosis.phase)
         where = f" ({where})" if where and where not in self.diagnosis.summary else ""
-        lines = [f"vLLM startup failed [{self.kind}] after {self.startup.duration_s:.1f}s{where}: "
-                 f"{self.diagnosis.summary}"]
+        lines = [
+            f"vLLM startup failed [{self.kind}] after {self.startup.duration_s:.1f}s{where}: {self.diagnosis.summary}"
+        ]
         if self.diagnosis.root_cause:
             lines.append("root cause (from the server log):" if self.log_path else "root cause:")
             lines += [f"    {line}" for line in self.diagnosis.root_cause]
@@ -116,7 +132,7 @@ class ServerLaunchError(RuntimeError):
 
 # Every server process group this interpreter started and has not stopped yet: the session-end sweep and the
 # SIGTERM handler stop what is left here, so no vLLM outlives pytest.
-_LIVE: dict[int, "VLLMServer"] = {}
+_LIVE: dict[int, VLLMServer] = {}
 STARTING_STOP_GRACE_S = 5.0  # see VLLMServer.stop and _wait_for_exit
 # Reentrant, because the SIGTERM handler (plugin.py) runs stop_all_servers on the main thread,
 # possibly while that thread is inside `with _LIVE_LOCK` in launch() or stop(): a plain Lock deadlocked there.
@@ -344,8 +360,14 @@ def _port_was_taken(error: VLLMStartupError) -> bool:
     return error.kind == "crash" and any(_PORT_TAKEN in line for line in error.diagnosis.root_cause)
 
 
-def launch(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSettings, probe: MemoryProbe,
-           advise: Advise | None = None, devices: Sequence[DeviceInfo] | None = None) -> VLLMServer:
+def launch(
+    config: VLLMConfig,
+    launched: VLLMConfig,
+    settings: LaunchSettings,
+    probe: MemoryProbe,
+    advise: Advise | None = None,
+    devices: Sequence[DeviceInfo] | None = None,
+) -> VLLMServer:
     """Start `launched` and wait until /health answers 200. Raises VLLMStartupError with the classified cause.
 
     `advise(diagnosis, startup_memory, peak_bytes) -> list[str]` turns a failure into next steps (optional).
@@ -356,8 +378,10 @@ def launch(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSettings, p
     for attempt in range(1, PORT_ATTEMPTS + 1):
         try:
             # One startup at a time per device, machine-wide: concurrent ones mis-size each other's KV cache.
-            with startup_lock(devices or getattr(probe, "devices", None) or (probe.device,),
-                              settings.startup_timeout_s + settings.stop_grace_s + 60) as waits:
+            with startup_lock(
+                devices or getattr(probe, "devices", None) or (probe.device,),
+                settings.startup_timeout_s + settings.stop_grace_s + 60,
+            ) as waits:
                 server = _launch_once(config, launched, settings, probe, advise, devices)
             taken += lock_notes(waits)
         except DeviceLockError as error:
@@ -366,24 +390,38 @@ def launch(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSettings, p
             if attempt == PORT_ATTEMPTS or not _port_was_taken(error):
                 raise
             port = error.server.port if error.server is not None else "?"
-            taken.append(f"port {port} was taken before vLLM bound it (log {error.log_path}): "
-                         "started again on a fresh port")
+            taken.append(
+                f"port {port} was taken before vLLM bound it (log {error.log_path}): started again on a fresh port"
+            )
             continue
         server.notes.extend(taken)
         return server
     raise AssertionError("unreachable")
 
 
-def _launch_once(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSettings, probe: MemoryProbe,
-                 advise: Advise | None = None, devices: Sequence[DeviceInfo] | None = None) -> VLLMServer:
+def _launch_once(
+    config: VLLMConfig,
+    launched: VLLMConfig,
+    settings: LaunchSettings,
+    probe: MemoryProbe,
+    advise: Advise | None = None,
+    devices: Sequence[DeviceInfo] | None = None,
+) -> VLLMServer:
     port = free_port()
-    argv = [*launch_argv(settings.python, launched.model, launched.flag_args()),
-            "--host", "127.0.0.1", "--port", str(port)]
+    argv = [
+        *launch_argv(settings.python, launched.model, launched.flag_args()),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     try:
         log_path = _log_path(settings, launched)
     except OSError as error:
-        raise ServerLaunchError(f"Cannot write the server log in {settings.log_dir}: {error.strerror or error}. "
-                                "Pass a writable folder for server logs (--vllm-log-dir).") from None
+        raise ServerLaunchError(
+            f"Cannot write the server log in {settings.log_dir}: {error.strerror or error}. "
+            "Pass a writable folder for server logs (--vllm-log-dir)."
+        ) from None
     # The server's own probe before its processes exist: what is on its GPUs now is never counted as the server's.
     try:
         server_probe = probe.scoped(devices) if devices is not None else probe
@@ -393,20 +431,38 @@ def _launch_once(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSetti
     with open(log_path, "wb") as log:
         # No shell: flag values reach vLLM as argv items, never interpreted. Own session = own process group.
         try:
-            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       env=server_env(launched, settings), start_new_session=True)
+            process = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=server_env(launched, settings),
+                start_new_session=True,
+            )
         except OSError as error:
             if server_probe is not probe:
                 server_probe.close()
-            raise ServerLaunchError(f"Cannot run the server interpreter {settings.python}: "
-                                    f"{error.strerror or error}. Pass an interpreter that has vLLM installed "
-                                    "(--vllm-python).") from None
+            raise ServerLaunchError(
+                f"Cannot run the server interpreter {settings.python}: "
+                f"{error.strerror or error}. Pass an interpreter that has vLLM installed "
+                "(--vllm-python)."
+            ) from None
     lifeline().watch(process.pid)  # from here on, a killed pytest takes the server with it
-    sampler = MemorySampler(server_probe, process.pid, settings.sample_period_s,
-                            close_probe=server_probe is not probe).start()
+    sampler = MemorySampler(
+        server_probe, process.pid, settings.sample_period_s, close_probe=server_probe is not probe
+    ).start()
     sampler.mark("launch")
-    server = VLLMServer(config=config, launched=launched, device=server_probe.device, port=port, process=process,
-                        log_path=log_path, sampler=sampler, started_at=started_at, devices=sampler.devices)
+    server = VLLMServer(
+        config=config,
+        launched=launched,
+        device=server_probe.device,
+        port=port,
+        process=process,
+        log_path=log_path,
+        sampler=sampler,
+        started_at=started_at,
+        devices=sampler.devices,
+    )
     with _LIVE_LOCK:
         _LIVE[process.pid] = server
     watch = watch_startup(server)  # live progress from the log, when the pytest adapter observes this startup
@@ -440,8 +496,9 @@ def _launch_once(config: VLLMConfig, launched: VLLMConfig, settings: LaunchSetti
     raise VLLMStartupError(diagnosis, launched, log_path, outcome, advice, config=config, server=server, memory=memory)
 
 
-def _wait_healthy(server: VLLMServer, settings: LaunchSettings,
-                  on_poll: Callable[[], None] = lambda: None) -> Diagnosis | None:
+def _wait_healthy(
+    server: VLLMServer, settings: LaunchSettings, on_poll: Callable[[], None] = lambda: None
+) -> Diagnosis | None:
     """None when healthy; else the diagnosis of why not (process exit or timeout). `on_poll` runs every poll."""
     deadline = server.started_at + settings.startup_timeout_s
     health = f"{server.url}/health"

@@ -37,8 +37,16 @@ from .units import GIB, format_bytes
 
 TINY_MODEL = "tiny"
 # Flags that describe a model's checkpoint, not how it is served: meaningless for the model that replaces it.
-MODEL_SPECIFIC_FLAGS = ("quantization", "tokenizer", "revision", "tokenizer_revision", "code_revision",
-                        "hf_config_path", "served_model_name", "load_format")
+MODEL_SPECIFIC_FLAGS = (
+    "quantization",
+    "tokenizer",
+    "revision",
+    "tokenizer_revision",
+    "code_revision",
+    "hf_config_path",
+    "served_model_name",
+    "load_format",
+)
 # Leftover memory of a server that is still exiting clears in seconds; longer means another tenant holds it.
 FREE_MEMORY_WAIT_S = 60.0
 
@@ -83,12 +91,16 @@ class ServerPool:
         try:
             probe = self.probe.scoped(devices) if devices is not None else self.probe
             try:
-                holders = wait_for_free_memory(probe, exclude_pids=ours,
-                                               needed_bytes=advice_context.get("requested_bytes"),
-                                               timeout_s=FREE_MEMORY_WAIT_S)
+                holders = wait_for_free_memory(
+                    probe,
+                    exclude_pids=ours,
+                    needed_bytes=advice_context.get("requested_bytes"),
+                    timeout_s=FREE_MEMORY_WAIT_S,
+                )
                 if holders:  # vLLM would refuse to start ("Free memory on device ... is less than desired")
-                    raise self._memory_held_error(probe, config, launched, holders, advice_context,
-                                                  time.monotonic() - waited_from)
+                    raise self._memory_held_error(
+                        probe, config, launched, holders, advice_context, time.monotonic() - waited_from
+                    )
             finally:
                 if probe is not self.probe:
                     probe.close()
@@ -107,9 +119,15 @@ class ServerPool:
         self.running[launched] = server
         return server
 
-    def _memory_held_error(self, probe: MemoryProbe, config: VLLMConfig, launched: VLLMConfig,
-                           holders: list[tuple[int, int, str]], context: dict[str, Any],
-                           waited_s: float) -> VLLMStartupError:
+    def _memory_held_error(
+        self,
+        probe: MemoryProbe,
+        config: VLLMConfig,
+        launched: VLLMConfig,
+        holders: list[tuple[int, int, str]],
+        context: dict[str, Any],
+        waited_s: float,
+    ) -> VLLMStartupError:
         devices = getattr(probe, "devices", (probe.device,))
         frees = getattr(probe, "free_bytes", lambda: (probe.device.total_bytes - probe.device_used_bytes(),))()
         # vLLM checks every GPU of the server; the fullest one is the one that refuses.
@@ -118,16 +136,26 @@ class ServerPool:
         held = sum(used for _, used, _ in holders)
         diagnosis = Diagnosis(
             kind="insufficient_free_memory",
-            summary=(f"other processes still hold {format_bytes(held)} of {where} after waiting "
-                     f"{waited_s:.0f} s; {format_bytes(free)} free, the server needs "
-                     f"{format_bytes(context.get('requested_bytes') or 0)}"),
+            summary=(
+                f"other processes still hold {format_bytes(held)} of {where} after waiting "
+                f"{waited_s:.0f} s; {format_bytes(free)} free, the server needs "
+                f"{format_bytes(context.get('requested_bytes') or 0)}"
+            ),
             root_cause=tuple(f"pid {pid} ({name}) holds {format_bytes(used)}" for pid, used, name in holders),
-            figures={"free_gib": free / GIB, "device_total_gib": device.total_bytes / GIB,
-                     "requested_gib": (context.get("requested_bytes") or 0) / GIB},
+            figures={
+                "free_gib": free / GIB,
+                "device_total_gib": device.total_bytes / GIB,
+                "requested_gib": (context.get("requested_bytes") or 0) / GIB,
+            },
         )
-        return VLLMStartupError(diagnosis, launched, None,
-                                StartupOutcome(False, diagnosis.kind, waited_s, 0),
-                                advise(diagnosis, launched, None, tier_bytes=context.get("tier_bytes")), config=config)
+        return VLLMStartupError(
+            diagnosis,
+            launched,
+            None,
+            StartupOutcome(False, diagnosis.kind, waited_s, 0),
+            advise(diagnosis, launched, None, tier_bytes=context.get("tier_bytes")),
+            config=config,
+        )
 
     def release(self, launched: VLLMConfig) -> None:
         server = self.running.pop(launched, None)
@@ -193,8 +221,11 @@ class Session:
         its CUDA_VISIBLE_DEVICES (the config's env, else the session's) makes visible."""
         if self.device.backend != "cuda":
             return (self.device,)
-        visible = visible_devices(config.env["CUDA_VISIBLE_DEVICES"]) if "CUDA_VISIBLE_DEVICES" in config.env \
+        visible = (
+            visible_devices(config.env["CUDA_VISIBLE_DEVICES"])
+            if "CUDA_VISIBLE_DEVICES" in config.env
             else self.devices
+        )
         return server_devices(visible, config.flags)
 
     @property
@@ -214,13 +245,17 @@ class Session:
     def pool(self) -> ServerPool:
         if self._pool is None:
             s = self.settings
-            launch_settings = LaunchSettings(python=s.vllm_python, log_dir=s.vllm_log_dir,
-                                             cache_root=s.vllm_cache_dir / "vllm",
-                                             vllm_version=self.parser_table.version,
-                                             startup_timeout_s=s.vllm_startup_timeout,
-                                             sample_period_s=s.vllm_sample_period)
-            self._pool = ServerPool(launch_settings, self.probe, capacity=s.vllm_max_servers,
-                                    devices_for=self.server_devices)
+            launch_settings = LaunchSettings(
+                python=s.vllm_python,
+                log_dir=s.vllm_log_dir,
+                cache_root=s.vllm_cache_dir / "vllm",
+                vllm_version=self.parser_table.version,
+                startup_timeout_s=s.vllm_startup_timeout,
+                sample_period_s=s.vllm_sample_period,
+            )
+            self._pool = ServerPool(
+                launch_settings, self.probe, capacity=s.vllm_max_servers, devices_for=self.server_devices
+            )
         return self._pool
 
     @property
@@ -262,8 +297,10 @@ class Session:
         if self.settings.vllm_model_override:
             model = self.settings.vllm_model_override
             dropped = [f"{key}={flags.pop(key)}" for key in MODEL_SPECIFIC_FLAGS if flags.get(key) is not None]
-            notes.append(f"model {config.model} replaced by {model} (--vllm-model-override)"
-                         + (f", dropped its checkpoint flags {', '.join(dropped)}" if dropped else ""))
+            notes.append(
+                f"model {config.model} replaced by {model} (--vllm-model-override)"
+                + (f", dropped its checkpoint flags {', '.join(dropped)}" if dropped else "")
+            )
         launched = VLLMConfig(self.resolve_model(model), env=config.env, **flags)
         default_utilization = self.default_utilization()  # vLLM's flag table first: a broken --vllm-python stops here
         launched, emulation = emulate_tier(launched, self.tier, self.device_total_now(launched), default_utilization)
@@ -284,10 +321,15 @@ class Session:
         if model_problem:
             problems.append(model_problem)
         if problems:
-            diagnosis = Diagnosis(kind="bad_flag", summary="; ".join(problems), root_cause=tuple(problems),
-                                  figures={})
-            raise VLLMStartupError(diagnosis, launched, None, StartupOutcome(False, "bad_flag", 0.0, 0),
-                                   advise(diagnosis, launched, None), config=config)
+            diagnosis = Diagnosis(kind="bad_flag", summary="; ".join(problems), root_cause=tuple(problems), figures={})
+            raise VLLMStartupError(
+                diagnosis,
+                launched,
+                None,
+                StartupOutcome(False, "bad_flag", 0.0, 0),
+                advise(diagnosis, launched, None),
+                config=config,
+            )
         utilization = float(launched.flag("gpu_memory_utilization", self.default_utilization()))
         context = {"tier_bytes": self.tier.bytes, "requested_bytes": int(utilization * self.device_total_now(launched))}
         from .preflight import learn_from_startup, planned_or_raise, session_plan
@@ -313,6 +355,8 @@ def missing_model_folder(model: str) -> str | None:
     """Hub names (org/name) cannot be checked offline; a path that looks local and is missing can."""
     looks_local = model.startswith(("/", "./", "../", "~")) or (os.sep in model and Path(model).parent.exists())
     if looks_local and not Path(os.path.expanduser(model)).exists():
-        return (f"model folder {model} does not exist: pass an existing local model folder, a model name vLLM can "
-                "load, or 'tiny' for the built-in test model")
+        return (
+            f"model folder {model} does not exist: pass an existing local model folder, a model name vLLM can "
+            "load, or 'tiny' for the built-in test model"
+        )
     return None

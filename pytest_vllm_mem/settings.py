@@ -36,8 +36,7 @@ class UsageError(Exception):
     so that pytest shows the one paragraph and exits 4."""
 
 
-def option(help: str, kind: Kind = "str", default: object = None,
-           fallback: Callable[[], object] | None = None) -> Any:
+def option(help: str, kind: Kind = "str", default: object = None, fallback: Callable[[], object] | None = None) -> Any:
     """A Settings field that is also a plugin option (`--vllm-x` and ini key `vllm_x`).
 
     `default` is the built-in value, given as a user would write it (it goes through the same conversion);
@@ -58,51 +57,74 @@ def _running_python() -> str:
 class Settings:
     vllm_model: str = option(
         "model served by the default vllm_config: a model name, a local folder, or 'tiny' (the built-in "
-        "random-weight model, built offline on first use)", default="tiny")
+        "random-weight model, built offline on first use)",
+        default="tiny",
+    )
     vllm_model_override: str | None = option(
         "serve every config with this model instead of its own (e.g. 'tiny' to run a GPU suite on the CPU); the "
-        "report shows both")
+        "report shows both"
+    )
     vllm_gpu: str = option(
         "GPU memory tier this run represents: 8gb, 16gb, 24gb, 40gb, 80gb, NNgb (10^9 bytes), NNgib or auto (the "
-        "device's total memory)", default="auto")
+        "device's total memory)",
+        default="auto",
+    )
     vllm_results: Path | None = option("write every measured figure to this JSON file", "path")
     vllm_markdown: Path | None = option(
-        "write the summary table as markdown to this file (also appended to $GITHUB_STEP_SUMMARY when set)", "path")
+        "write the summary table as markdown to this file (also appended to $GITHUB_STEP_SUMMARY when set)", "path"
+    )
     vllm_plots: Path | None = option(
-        "write one memory-timeline PNG per server to this folder (needs matplotlib)", "path")
+        "write one memory-timeline PNG per server to this folder (needs matplotlib)", "path"
+    )
     vllm_baseline: Path = option(
-        "baseline file compared against (and written by --vllm-update-baseline)", "path",
-        default=".vllm-mem/baselines.json")
+        "baseline file compared against (and written by --vllm-update-baseline)",
+        "path",
+        default=".vllm-mem/baselines.json",
+    )
     vllm_update_baseline: bool = option("write/refresh baseline entries for the tests that ran", "bool", False)
     vllm_tolerance: str = option(
-        "per-metric tolerances, e.g. 'output_throughput=15%,load_peak_memory=256MiB'", default="")
-    vllm_strict: bool = option(
-        "also fail tests that improved beyond tolerance (baseline out of date)", "bool", False)
+        "per-metric tolerances, e.g. 'output_throughput=15%,load_peak_memory=256MiB'", default=""
+    )
+    vllm_strict: bool = option("also fail tests that improved beyond tolerance (baseline out of date)", "bool", False)
     vllm_require_baseline: bool = option("fail tests that have no baseline entry", "bool", False)
     vllm_startup_timeout: float = option("seconds a server may take to become healthy", "float", 600.0)
     vllm_sample_period: float | None = option(
         "memory sampling period in seconds (default: 0.05 on GPUs; 0.25 on CPU, where each sample holds the peak "
-        "since the previous one)", "float")
+        "since the previous one)",
+        "float",
+    )
     vllm_max_servers: int = option(
-        "servers kept running at once for reuse (1: stop one before starting the next)", "int", 1)
+        "servers kept running at once for reuse (1: stop one before starting the next)", "int", 1
+    )
     vllm_keep_order: bool = option(
         "run tests in collection order; by default tests of the same vllm_config run one after another, so each "
-        "config's server starts once", "bool", False)
+        "config's server starts once",
+        "bool",
+        False,
+    )
     vllm_gpus_per_worker: int = option(
         "GPUs each pytest-xdist worker takes (CUDA_VISIBLE_DEVICES), e.g. 2 for tensor_parallel_size=2 configs",
-        "int", 1)
+        "int",
+        1,
+    )
     vllm_cache_dir: Path = option(
-        "persistent folder for vLLM's compile cache, the tiny model and vLLM's flag table", "path",
-        fallback=default_cache_dir)
+        "persistent folder for vLLM's compile cache, the tiny model and vLLM's flag table",
+        "path",
+        fallback=default_cache_dir,
+    )
     vllm_log_dir: Path = option("folder for server logs", "path", default=".vllm-mem/logs")
-    vllm_python: str = option(
-        "interpreter that runs vLLM (default: the one running pytest)", fallback=_running_python)
+    vllm_python: str = option("interpreter that runs vLLM (default: the one running pytest)", fallback=_running_python)
     vllm_preflight: bool = option(
         "plan every config on its tier without starting servers: configs predicted to fit pass unmeasured "
-        "(reported as planned), others fail with the predicted kind and the plan's figures", "bool", False)
+        "(reported as planned), others fail with the predicted kind and the plan's figures",
+        "bool",
+        False,
+    )
     vllm_progress: str = option(
         "live progress of each server startup and load: auto (one updating status line on a terminal, plain lines "
-        "in CI logs), line, plain or off; -q shows outcomes only, -v every phase", default="auto")
+        "in CI logs), line, plain or off; -q shows outcomes only, -v every phase",
+        default="auto",
+    )
 
     @classmethod
     def from_pytest(cls, config: pytest.Config) -> Settings:
@@ -205,7 +227,11 @@ def _int(raw: object, base: Path) -> int:
 
 
 _CONVERTERS: dict[str, Callable[[object, Path], object]] = {
-    "str": lambda raw, base: str(raw), "bool": _bool, "float": _float, "int": _int, "path": _path,
+    "str": lambda raw, base: str(raw),
+    "bool": _bool,
+    "float": _float,
+    "int": _int,
+    "path": _path,
 }
 
 OPTIONS: tuple[Option, ...] = tuple(Option(f.name, *f.metadata["option"]) for f in dataclasses.fields(Settings))
@@ -242,8 +268,16 @@ def usage_errors_to_pytest() -> Iterator[None]:
 # common ancestor (`/`) or a project above the venv, and the test ids (the baseline's keys) change with it. The plugin
 # cannot undo that choice, so it refuses the run and names the fix.
 
-_CONFIG_FILES = ("pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "pyproject.toml", "tox.ini",
-                 "setup.cfg", "setup.py")
+_CONFIG_FILES = (
+    "pytest.ini",
+    ".pytest.ini",
+    "pytest.toml",
+    ".pytest.toml",
+    "pyproject.toml",
+    "tox.ini",
+    "setup.cfg",
+    "setup.py",
+)
 
 
 def _spaced_values(args: Sequence[str]) -> list[tuple[str, str]]:
@@ -274,8 +308,9 @@ def _honest_root(invocation_dir: Path, test_args: Sequence[str]) -> Path:
 
 def _is_first_config_above(rootpath: Path, honest: Path, inipath: Path | None) -> bool:
     """Whether `rootpath` holds a pytest config file and is the nearest folder at or above `honest` with one."""
-    has_config = ((inipath is not None and Path(os.path.abspath(inipath)).parent == rootpath)
-                  or (rootpath / "setup.py").is_file())
+    has_config = (inipath is not None and Path(os.path.abspath(inipath)).parent == rootpath) or (
+        rootpath / "setup.py"
+    ).is_file()
     if not has_config or not _within(honest, rootpath):
         return False
     between = [folder for folder in (honest, *honest.parents) if folder != rootpath and _within(folder, rootpath)]
@@ -314,4 +349,5 @@ def _refuse_a_misrooted_run(config: pytest.Config) -> None:
     raise UsageError(
         f"{written}: pytest read the value as a test path before the plugin's options were loaded and chose the "
         f"rootdir {config.rootpath} from it, so test ids (the keys of the baseline file) and the default paths would "
-        f"be wrong. Write the option with an equals sign ({fixed}), or give --rootdir.")
+        f"be wrong. Write the option with an equals sign ({fixed}), or give --rootdir."
+    )

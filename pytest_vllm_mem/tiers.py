@@ -77,8 +77,10 @@ def tier_skip_reason(selected: Tier, minimum: Tier | None, maximum: Tier | None)
 def device_skip_reason(selected: Tier, device_name: str, device_total_bytes: int) -> str | None:
     """A tier larger than the device cannot be emulated: its tests are skipped, not run and failed."""
     if selected.bytes > device_total_bytes:
-        return (f"the {selected} tier ({format_bytes(selected.bytes)}) is larger than this device "
-                f"({device_name}, {format_bytes(device_total_bytes)})")
+        return (
+            f"the {selected} tier ({format_bytes(selected.bytes)}) is larger than this device "
+            f"({device_name}, {format_bytes(device_total_bytes)})"
+        )
     return None
 
 
@@ -92,14 +94,17 @@ class Emulation:
     utilization_after: float
 
     def describe(self) -> str:
-        return (f"emulating the {self.tier} tier on a {format_bytes(self.device_total_bytes)} device: "
-                f"gpu_memory_utilization {self.utilization_before:g} -> {self.utilization_after:.4f} "
-                f"(x {self.tier.bytes / self.device_total_bytes:.3f}), so vLLM reserves "
-                f"{format_bytes(int(self.utilization_before * self.tier.bytes))}")
+        return (
+            f"emulating the {self.tier} tier on a {format_bytes(self.device_total_bytes)} device: "
+            f"gpu_memory_utilization {self.utilization_before:g} -> {self.utilization_after:.4f} "
+            f"(x {self.tier.bytes / self.device_total_bytes:.3f}), so vLLM reserves "
+            f"{format_bytes(int(self.utilization_before * self.tier.bytes))}"
+        )
 
 
-def emulate_tier(config: VLLMConfig, tier: Tier, device_total_bytes: int,
-                 default_utilization: float) -> tuple[VLLMConfig, Emulation | None]:
+def emulate_tier(
+    config: VLLMConfig, tier: Tier, device_total_bytes: int, default_utilization: float
+) -> tuple[VLLMConfig, Emulation | None]:
     """Scale --gpu-memory-utilization by tier/device so vLLM's reservation (utilization * total) fits the tier.
 
     vLLM sizes everything it reserves from `utilization * total memory` (the GPU worker's `requested_memory`, the

@@ -390,7 +390,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         built = build_tiny_model(
-            args.path, max_position_embeddings=args.max_position_embeddings, seed=args.seed, dtype=args.dtype, force=args.force
+            args.path,
+            max_position_embeddings=args.max_position_embeddings,
+            seed=args.seed,
+            dtype=args.dtype,
+            force=args.force,
         )
     except TinyModelError as error:
         print(f"error: {error}", file=sys.stderr)

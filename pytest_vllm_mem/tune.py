@@ -96,12 +96,21 @@ class Trial:
         return self.largest_gpu_peak_bytes if self.largest_gpu_peak_bytes is not None else self.peak_memory_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        return {"number": self.number, "gpu_memory_utilization": self.utilization, "outcome": self.outcome,
-                "side": self.side, "phase": self.phase, "summary": self.summary,
-                "peak_memory_bytes": self.peak_memory_bytes, "largest_gpu_peak_bytes": self.largest_gpu_peak_bytes,
-                "kv_cache_tokens": self.kv_cache_tokens,
-                "output_throughput": self.output_throughput, "duration_s": round(self.duration_s, 2),
-                "log": self.log_path, "advice": list(self.advice)}
+        return {
+            "number": self.number,
+            "gpu_memory_utilization": self.utilization,
+            "outcome": self.outcome,
+            "side": self.side,
+            "phase": self.phase,
+            "summary": self.summary,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "largest_gpu_peak_bytes": self.largest_gpu_peak_bytes,
+            "kv_cache_tokens": self.kv_cache_tokens,
+            "output_throughput": self.output_throughput,
+            "duration_s": round(self.duration_s, 2),
+            "log": self.log_path,
+            "advice": list(self.advice),
+        }
 
 
 def failure_side(kind: str, figures: dict[str, float] | None = None, *, during_load: bool = False) -> str:
@@ -147,11 +156,14 @@ def check_range(low: float, high: float, resolution: float, max_startups: int = 
         if not isinstance(value, (int, float)) or not 0 < value <= 1:
             raise TuneError(f"{name}={value!r}: a gpu_memory_utilization must be a fraction in (0, 1], e.g. 0.9.")
     if low >= high:
-        raise TuneError(f"low={low!r}, high={high!r}: the range is empty; low must be below high "
-                        "(e.g. low=0.5, high=0.95).")
+        raise TuneError(
+            f"low={low!r}, high={high!r}: the range is empty; low must be below high (e.g. low=0.5, high=0.95)."
+        )
     if not isinstance(resolution, (int, float)) or resolution <= 0 or resolution > high - low + 1e-9:
-        raise TuneError(f"resolution={resolution!r}: the search step must be above 0 and at most high - low "
-                        f"({high - low:g}), e.g. 0.05.")
+        raise TuneError(
+            f"resolution={resolution!r}: the search step must be above 0 and at most high - low "
+            f"({high - low:g}), e.g. 0.05."
+        )
     if not isinstance(max_startups, int) or max_startups < 1:
         raise TuneError(f"max_startups={max_startups!r}: the number of server startups must be 1 or more.")
 
@@ -170,19 +182,34 @@ class SearchResult:
     verdict: str  # one paragraph: what was found, or why nothing was
 
     def to_dict(self) -> dict[str, Any]:
-        return {"goal": self.goal, "low": self.low, "high": self.high, "resolution": self.resolution,
-                "max_startups": self.max_startups, "startups": len(self.trials), "converged": self.converged,
-                "recommended_utilization": self.best.utilization if self.best else None,
-                "first_failing_utilization": self.first_failing.utilization if self.first_failing else None,
-                "verdict": self.verdict, "trials": [trial.to_dict() for trial in self.trials]}
+        return {
+            "goal": self.goal,
+            "low": self.low,
+            "high": self.high,
+            "resolution": self.resolution,
+            "max_startups": self.max_startups,
+            "startups": len(self.trials),
+            "converged": self.converged,
+            "recommended_utilization": self.best.utilization if self.best else None,
+            "first_failing_utilization": self.first_failing.utilization if self.first_failing else None,
+            "verdict": self.verdict,
+            "trials": [trial.to_dict() for trial in self.trials],
+        }
 
 
 def _fmt(value: float) -> str:
     return f"{value:g}"
 
 
-def search(run_trial: Callable[[float], Trial], *, low: float, high: float, resolution: float = DEFAULT_RESOLUTION,
-           max_startups: int = DEFAULT_MAX_STARTUPS, goal: str = "highest") -> SearchResult:
+def search(
+    run_trial: Callable[[float], Trial],
+    *,
+    low: float,
+    high: float,
+    resolution: float = DEFAULT_RESOLUTION,
+    max_startups: int = DEFAULT_MAX_STARTUPS,
+    goal: str = "highest",
+) -> SearchResult:
     """Bisect the grid for the highest (goal="highest") or lowest (goal="lowest") value whose trial is ok.
 
     Written for goal="highest"; "lowest" runs the same code on the reversed grid with the two failure sides swapped.
@@ -215,6 +242,7 @@ def search(run_trial: Callable[[float], Trial], *, low: float, high: float, reso
         hi = last
     else:
         stop = first
+
     def startups() -> int:  # trials the plan decided cost no startup and do not count
         return sum(1 for trial in trials if trial.phase != "planned")
 
@@ -236,46 +264,73 @@ def search(run_trial: Callable[[float], Trial], *, low: float, high: float, reso
     return SearchResult(goal, low, high, resolution, max_startups, trials, best, first_failing, converged, verdict)
 
 
-def _verdict(goal: str, order: list[float], trials: list[Trial], best: Trial | None, first_failing: Trial | None,
-             converged: bool, stop: Trial | None, short: str, lo: int, hi: int, max_startups: int) -> str:
+def _verdict(
+    goal: str,
+    order: list[float],
+    trials: list[Trial],
+    best: Trial | None,
+    first_failing: Trial | None,
+    converged: bool,
+    stop: Trial | None,
+    short: str,
+    lo: int,
+    hi: int,
+    max_startups: int,
+) -> str:
     word, far, flag = ("highest", "top", "--high") if goal == "highest" else ("lowest", "bottom", "--low")
     near_flag = "--low" if goal == "highest" else "--high"
     direction = "raise" if goal == "highest" else "lower"
     if stop is not None and stop is trials[0]:
         if stop.side == short:
             cause = "too little memory" if goal == "highest" else "too much memory"
-            return (f"the {far} of the range ({_fmt(stop.utilization)}) fails with {stop.outcome}, a failure of "
-                    f"{cause} ({stop.summary}): every value beyond it toward {near_flag} fails the same way, so the "
-                    f"range points the wrong way. {'Raise --high' if goal == 'highest' else 'Lower --low'} "
-                    f"(or search for the {'lowest' if goal == 'highest' else 'highest'} working value instead).")
-        return (f"the first trial failed with {stop.outcome}, which no utilization fixes: {stop.summary}. "
-                "Fix that first (see the log), then tune again.")
+            return (
+                f"the {far} of the range ({_fmt(stop.utilization)}) fails with {stop.outcome}, a failure of "
+                f"{cause} ({stop.summary}): every value beyond it toward {near_flag} fails the same way, so the "
+                f"range points the wrong way. {'Raise --high' if goal == 'highest' else 'Lower --low'} "
+                f"(or search for the {'lowest' if goal == 'highest' else 'highest'} working value instead)."
+            )
+        return (
+            f"the first trial failed with {stop.outcome}, which no utilization fixes: {stop.summary}. "
+            "Fix that first (see the log), then tune again."
+        )
     if stop is not None:
-        prefix = (f"stopped at {_fmt(stop.utilization)}: it failed with {stop.outcome}, which is not about the "
-                  f"memory budget ({stop.summary}). ")
+        prefix = (
+            f"stopped at {_fmt(stop.utilization)}: it failed with {stop.outcome}, which is not about the "
+            f"memory budget ({stop.summary}). "
+        )
         if best is None:
             return prefix + "No working value was found before it."
         return prefix + f"The {word} working value found before it is {_fmt(best.utilization)}."
     if best is not None:
         if first_failing is None and lo == len(order) - 1:
-            return (f"the {far} of the range ({_fmt(best.utilization)}) works: the boundary lies beyond it; "
-                    f"{direction} {flag} to look further.")
+            return (
+                f"the {far} of the range ({_fmt(best.utilization)}) works: the boundary lies beyond it; "
+                f"{direction} {flag} to look further."
+            )
         if converged and first_failing is not None:
             margin = "" if goal == "highest" else " It is the smallest budget that works: leave a margin above it."
-            return (f"{word} working gpu_memory_utilization: {_fmt(best.utilization)}; "
-                    f"{_fmt(first_failing.utilization)} fails with {first_failing.outcome}.{margin}")
+            return (
+                f"{word} working gpu_memory_utilization: {_fmt(best.utilization)}; "
+                f"{_fmt(first_failing.utilization)} fails with {first_failing.outcome}.{margin}"
+            )
         gap = f"between {_fmt(best.utilization)} (works) and {_fmt(order[hi]) if hi < len(order) else flag} (fails)"
-        return (f"best found {_fmt(best.utilization)}, but the boundary {gap} is not resolved to the resolution "
-                f"after {len(trials)} startups (the limit is {max_startups}): raise --max-startups or the resolution.")
+        return (
+            f"best found {_fmt(best.utilization)}, but the boundary {gap} is not resolved to the resolution "
+            f"after {len(trials)} startups (the limit is {max_startups}): raise --max-startups or the resolution."
+        )
     if lo > hi - 1:
         failing = sorted(trials, key=lambda t: t.utilization)
-        return ("no gpu_memory_utilization in the range worked: " +
-                "; ".join(f"{_fmt(t.utilization)} fails with {t.outcome}" for t in failing) +
-                ". Where values fail both for too little and too much memory, the working window (if any) is "
-                "narrower than the resolution: lower it. Where all fail for too much memory, the model does not "
-                "fit this tier: shorten max_model_len, add enforce_eager, or use a larger tier.")
-    return (f"no working value found within {len(trials)} startups (the limit is {max_startups}): raise "
-            "--max-startups or narrow the range.")
+        return (
+            "no gpu_memory_utilization in the range worked: "
+            + "; ".join(f"{_fmt(t.utilization)} fails with {t.outcome}" for t in failing)
+            + ". Where values fail both for too little and too much memory, the working window (if any) is "
+            "narrower than the resolution: lower it. Where all fail for too much memory, the model does not "
+            "fit this tier: shorten max_model_len, add enforce_eager, or use a larger tier."
+        )
+    return (
+        f"no working value found within {len(trials)} startups (the limit is {max_startups}): raise "
+        "--max-startups or narrow the range."
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -287,8 +342,14 @@ def largest_gpu_peak(*per_gpu: Sequence[int]) -> int | None:
     return max((peak for series in per_gpu for peak in series), default=None)
 
 
-def run_trial(state: Session, config: VLLMConfig, utilization: float, load: LoadSpec, tier: Tier,
-              out: Callable[[str], None] = print) -> Trial:
+def run_trial(
+    state: Session,
+    config: VLLMConfig,
+    utilization: float,
+    load: LoadSpec,
+    tier: Tier,
+    out: Callable[[str], None] = print,
+) -> Trial:
     """Start `config` at `utilization` (in terms of the tier), run `load`, check the peak, stop the server."""
     trial_config = config.with_flags(**{UTILIZATION_FLAG: utilization})
     started = time.monotonic()
@@ -298,26 +359,50 @@ def run_trial(state: Session, config: VLLMConfig, utilization: float, load: Load
             server = state.start(trial_config)
         except VLLMStartupError as error:
             memory = getattr(error, "memory", None)
-            return Trial(utilization, error.kind, failure_side(error.kind, error.diagnosis.figures),
-                         summary=error.diagnosis.summary, peak_memory_bytes=error.startup.peak_memory_bytes or None,
-                         largest_gpu_peak_bytes=largest_gpu_peak(error.startup.peak_memory_per_gpu),
-                         kv_cache_tokens=memory.kv_cache_tokens if memory else None,
-                         duration_s=time.monotonic() - started,
-                         log_path=str(error.log_path) if error.log_path else None, advice=list(error.advice))
+            return Trial(
+                utilization,
+                error.kind,
+                failure_side(error.kind, error.diagnosis.figures),
+                summary=error.diagnosis.summary,
+                peak_memory_bytes=error.startup.peak_memory_bytes or None,
+                largest_gpu_peak_bytes=largest_gpu_peak(error.startup.peak_memory_per_gpu),
+                kv_cache_tokens=memory.kv_cache_tokens if memory else None,
+                duration_s=time.monotonic() - started,
+                log_path=str(error.log_path) if error.log_path else None,
+                advice=list(error.advice),
+            )
         memory = server.memory
         kv_tokens = memory.kv_cache_tokens if memory else None
         startup_s = server.startup.duration_s if server.startup else time.monotonic() - started
-        out(f"    server up in {startup_s:.0f} s" + (f", KV cache {kv_tokens:,} tokens" if kv_tokens else "") +
-            f"; load: {load.num_prompts} prompts, {load.concurrency} concurrent, {load.max_tokens} tokens each")
-        result = measured_load(server, num_prompts=load.num_prompts, concurrency=load.concurrency,
-                               max_tokens=load.max_tokens, prompt_len=load.prompt_len, timeout_s=load.timeout_s)
+        out(
+            f"    server up in {startup_s:.0f} s"
+            + (f", KV cache {kv_tokens:,} tokens" if kv_tokens else "")
+            + f"; load: {load.num_prompts} prompts, {load.concurrency} concurrent, {load.max_tokens} tokens each"
+        )
+        result = measured_load(
+            server,
+            num_prompts=load.num_prompts,
+            concurrency=load.concurrency,
+            max_tokens=load.max_tokens,
+            prompt_len=load.prompt_len,
+            timeout_s=load.timeout_s,
+        )
         startup_peak = server.startup.peak_memory_bytes if server.startup else 0
         peak = max(startup_peak, result.peak_memory_bytes or 0) or None
-        largest = largest_gpu_peak(server.startup.peak_memory_per_gpu if server.startup else (),
-                                   result.peak_memory_per_gpu)
-        trial = Trial(utilization, OK, OK, peak_memory_bytes=peak, kv_cache_tokens=kv_tokens,
-                      largest_gpu_peak_bytes=largest,
-                      output_throughput=result.output_throughput, phase="", log_path=str(server.log_path))
+        largest = largest_gpu_peak(
+            server.startup.peak_memory_per_gpu if server.startup else (), result.peak_memory_per_gpu
+        )
+        trial = Trial(
+            utilization,
+            OK,
+            OK,
+            peak_memory_bytes=peak,
+            kv_cache_tokens=kv_tokens,
+            largest_gpu_peak_bytes=largest,
+            output_throughput=result.output_throughput,
+            phase="",
+            log_path=str(server.log_path),
+        )
         if result.failure is not None:
             failure = result.failure
             trial.outcome, trial.phase = failure.kind, "load"
@@ -326,13 +411,17 @@ def run_trial(state: Session, config: VLLMConfig, utilization: float, load: Load
         elif not result.ok:
             first = result.errors[0].text if result.errors else "no error text"
             trial.outcome, trial.side, trial.phase = "load_errors", NOT_MEMORY, "load"
-            trial.summary = (f"{result.failed} of {result.num_prompts} requests failed with the server alive and no "
-                             f"memory error in its log (first: {first})")
+            trial.summary = (
+                f"{result.failed} of {result.num_prompts} requests failed with the server alive and no "
+                f"memory error in its log (first: {first})"
+            )
         elif (tier_peak := trial.tier_peak_bytes) is not None and tier_peak > tier.bytes:
             trial.outcome, trial.side, trial.phase = "tier_exceeded", TOO_HIGH, "peak"
             fullest = "" if largest is None or largest == peak else "on the fullest GPU "
-            trial.summary = (f"peak {fullest}{format_bytes(tier_peak)} exceeds the {tier} tier "
-                             f"({format_bytes(tier.bytes)}) by {format_bytes(tier_peak - tier.bytes)}")
+            trial.summary = (
+                f"peak {fullest}{format_bytes(tier_peak)} exceeds the {tier} tier "
+                f"({format_bytes(tier.bytes)}) by {format_bytes(tier_peak - tier.bytes)}"
+            )
         trial.duration_s = time.monotonic() - started
         return trial
     finally:
@@ -352,14 +441,23 @@ def planned_trial(state: Session, config: VLLMConfig, utilization: float) -> Tri
     if result is None or result.fits or not result.sure or not is_failure_kind(result.verdict):
         return None
     side = failure_side(result.verdict, {"kv_requested_gib": result.kv_bytes.value / GIB})
-    return Trial(utilization, result.verdict, side, summary=f"planned, no startup: {result.summary}",
-                 kv_cache_tokens=result.kv_tokens.value, phase="planned")
+    return Trial(
+        utilization,
+        result.verdict,
+        side,
+        summary=f"planned, no startup: {result.summary}",
+        kv_cache_tokens=result.kv_tokens.value,
+        phase="planned",
+    )
 
 
 def trial_line(trial: Trial, max_startups: int) -> str:
     """`trial 3/6  gpu_memory_utilization=0.0625  ok           peak 1.9 GiB  KV 150,000 tokens  2,010 tok/s  (41 s)`"""
-    parts = [f"trial {trial.number}/{max_startups}", f"{UTILIZATION_FLAG}={_fmt(trial.utilization):<7}",
-             f"{trial.outcome:<12}"]
+    parts = [
+        f"trial {trial.number}/{max_startups}",
+        f"{UTILIZATION_FLAG}={_fmt(trial.utilization):<7}",
+        f"{trial.outcome:<12}",
+    ]
     if trial.peak_memory_bytes:
         parts.append(f"peak {format_bytes(trial.peak_memory_bytes)}")
         if trial.largest_gpu_peak_bytes is not None and trial.largest_gpu_peak_bytes != trial.peak_memory_bytes:
@@ -399,8 +497,11 @@ class TuneResult:
     @property
     def recommended_config(self) -> VLLMConfig | None:
         best = self.search.best
-        return None if best is None else VLLMConfig(self.model, env=self.env,
-                                                 **{**self.flags, UTILIZATION_FLAG: best.utilization})
+        return (
+            None
+            if best is None
+            else VLLMConfig(self.model, env=self.env, **{**self.flags, UTILIZATION_FLAG: best.utilization})
+        )
 
     @property
     def headroom_bytes(self) -> int | None:
@@ -414,14 +515,17 @@ class TuneResult:
         lines = [search.verdict]
         best, failing = search.best, search.first_failing
         if best is not None and failing is not None:
-            lines.append(f"boundary: {_fmt(best.utilization)} works, {_fmt(failing.utilization)} fails "
-                         f"({failing.outcome})")
+            lines.append(
+                f"boundary: {_fmt(best.utilization)} works, {_fmt(failing.utilization)} fails ({failing.outcome})"
+            )
         if best is not None:
             headroom = ""
             if best.tier_peak_bytes:
                 fullest = "" if best.tier_peak_bytes == best.peak_memory_bytes else " on the fullest GPU"
-                headroom = (f"  (headroom: peak{fullest} {format_bytes(best.tier_peak_bytes)} of the {self.tier} "
-                            f"tier = {format_bytes(self.tier.bytes - best.tier_peak_bytes)} free)")
+                headroom = (
+                    f"  (headroom: peak{fullest} {format_bytes(best.tier_peak_bytes)} of the {self.tier} "
+                    f"tier = {format_bytes(self.tier.bytes - best.tier_peak_bytes)} free)"
+                )
             lines.append(f"recommended: {self.recommended_config}{headroom}")
         lines.append(f"{len(search.trials)} startups in {self.duration_s:.0f} s")
         return lines
@@ -429,26 +533,48 @@ class TuneResult:
     def to_dict(self) -> dict[str, Any]:
         config = self.recommended_config
         flags = VLLMConfig(self.model, **self.flags).masked_flags()  # the JSON may be shared: no tokens in it
-        return {"model": self.model, "flags": flags, "tier": self.tier.name, "tier_bytes": self.tier.bytes,
-                "load": {"num_prompts": self.load.num_prompts, "concurrency": self.load.concurrency,
-                         "max_tokens": self.load.max_tokens, "prompt_len": self.load.prompt_len},
-                "recommended_command": str(config) if config else None, "headroom_bytes": self.headroom_bytes,
-                "duration_s": round(self.duration_s, 1), **self.search.to_dict()}
+        return {
+            "model": self.model,
+            "flags": flags,
+            "tier": self.tier.name,
+            "tier_bytes": self.tier.bytes,
+            "load": {
+                "num_prompts": self.load.num_prompts,
+                "concurrency": self.load.concurrency,
+                "max_tokens": self.load.max_tokens,
+                "prompt_len": self.load.prompt_len,
+            },
+            "recommended_command": str(config) if config else None,
+            "headroom_bytes": self.headroom_bytes,
+            "duration_s": round(self.duration_s, 1),
+            **self.search.to_dict(),
+        }
 
 
 def resolve_goal(goal: str, backend: str) -> str:
-    """"auto": the highest working value on a GPU, the lowest on the CPU backend (see CPU_RANGE)."""
+    """ "auto": the highest working value on a GPU, the lowest on the CPU backend (see CPU_RANGE)."""
     if goal not in GOALS:
-        raise TuneError(f"goal={goal!r}: accepted goals are {', '.join(GOALS)} (auto: highest on a GPU, lowest on "
-                        "the CPU backend, where a higher utilization only reserves more host RAM).")
+        raise TuneError(
+            f"goal={goal!r}: accepted goals are {', '.join(GOALS)} (auto: highest on a GPU, lowest on "
+            "the CPU backend, where a higher utilization only reserves more host RAM)."
+        )
     if goal != "auto":
         return goal
     return "lowest" if backend == "cpu" else "highest"
 
 
-def tune(state: Session, config: VLLMConfig, *, low: float | None = None, high: float | None = None,
-         resolution: float = DEFAULT_RESOLUTION, max_startups: int = DEFAULT_MAX_STARTUPS, goal: str = "auto",
-         load: LoadSpec | None = None, out: Callable[[str], None] = print) -> TuneResult:
+def tune(
+    state: Session,
+    config: VLLMConfig,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    resolution: float = DEFAULT_RESOLUTION,
+    max_startups: int = DEFAULT_MAX_STARTUPS,
+    goal: str = "auto",
+    load: LoadSpec | None = None,
+    out: Callable[[str], None] = print,
+) -> TuneResult:
     """Search `config` over gpu_memory_utilization on the session's tier (state.tier; --vllm-gpu / --tier).
 
     The utilization is in terms of the tier: on a larger device SessionState scales it (tier emulation). Prints a
@@ -456,11 +582,15 @@ def tune(state: Session, config: VLLMConfig, *, low: float | None = None, high: 
     that cannot be searched (before any startup); KeyboardInterrupt stops the running server on its way out.
     """
     if getattr(getattr(state, "settings", None), "vllm_preflight", False):  # stand-in states have no settings
-        raise TuneError("the tuner starts a server per trial and --vllm-preflight starts none: run it without "
-                        "--vllm-preflight, or plan the utilization range with `python -m pytest_vllm_mem plan`.")
+        raise TuneError(
+            "the tuner starts a server per trial and --vllm-preflight starts none: run it without "
+            "--vllm-preflight, or plan the utilization range with `python -m pytest_vllm_mem plan`."
+        )
     if config.flag(UTILIZATION_FLAG) is not None:
-        raise TuneError(f"the config sets {UTILIZATION_FLAG}={config.flag(UTILIZATION_FLAG)}: that is the value "
-                        "the tuner searches; remove it and give the range with low/high instead.")
+        raise TuneError(
+            f"the config sets {UTILIZATION_FLAG}={config.flag(UTILIZATION_FLAG)}: that is the value "
+            "the tuner searches; remove it and give the range with low/high instead."
+        )
     backend = state.device.backend
     goal = resolve_goal(goal, backend)
     default_low, default_high = CPU_RANGE if backend == "cpu" else GPU_RANGE
@@ -471,9 +601,11 @@ def tune(state: Session, config: VLLMConfig, *, low: float | None = None, high: 
     tier = state.tier
     device_total = state.device_total_now()  # a VM's CPU node can grow or shrink within a session
     if tier.bytes > device_total:
-        raise TuneError(f"the {tier} tier ({format_bytes(tier.bytes)}) is larger than this device "
-                        f"({state.device.name}, {format_bytes(device_total)}): a larger tier cannot be "
-                        "emulated on it. Pick a tier up to the device's size, or auto.")
+        raise TuneError(
+            f"the {tier} tier ({format_bytes(tier.bytes)}) is larger than this device "
+            f"({state.device.name}, {format_bytes(device_total)}): a larger tier cannot be "
+            "emulated on it. Pick a tier up to the device's size, or auto."
+        )
     launched, emulation, _notes = state.launched_config(config.with_flags(**{UTILIZATION_FLAG: high}))
     problems = flag_problems(launched, state.parser_table)
     if problems:  # the same at every utilization: refuse before spending a startup
@@ -484,8 +616,11 @@ def tune(state: Session, config: VLLMConfig, *, low: float | None = None, high: 
 
     def one_trial(utilization: float) -> Trial:
         number = len(trials_done) + 1
-        out(f"starting trial {number}/{max_startups}: {UTILIZATION_FLAG}={_fmt(utilization)}"
-            + (f" {shown_flags}" if shown_flags != "defaults" else "") + f" on the {tier} tier ...")
+        out(
+            f"starting trial {number}/{max_startups}: {UTILIZATION_FLAG}={_fmt(utilization)}"
+            + (f" {shown_flags}" if shown_flags != "defaults" else "")
+            + f" on the {tier} tier ..."
+        )
         trial = planned_trial(state, config, utilization) or run_trial(state, config, utilization, load, tier, out)
         trial.number = number
         trials_done.append(trial)
@@ -493,15 +628,20 @@ def tune(state: Session, config: VLLMConfig, *, low: float | None = None, high: 
         return trial
 
     trials_done: list[Trial] = []
-    out(f"tuning {config.model} on the {tier} tier ({state.device.name}, {backend}): the {goal} working "
+    out(
+        f"tuning {config.model} on the {tier} tier ({state.device.name}, {backend}): the {goal} working "
         f"{UTILIZATION_FLAG} in [{_fmt(low)}, {_fmt(high)}], step {_fmt(resolution)}, at most {max_startups} "
-        "startups")
+        "startups"
+    )
     if emulation is not None:
-        out(f"tier emulation: each value is scaled by {tier.bytes / emulation.device_total_bytes:.3f} on this "
-            f"{format_bytes(emulation.device_total_bytes)} device, so vLLM plans for the tier's memory")
+        out(
+            f"tier emulation: each value is scaled by {tier.bytes / emulation.device_total_bytes:.3f} on this "
+            f"{format_bytes(emulation.device_total_bytes)} device, so vLLM plans for the tier's memory"
+        )
     result = search(one_trial, low=low, high=high, resolution=resolution, max_startups=max_startups, goal=goal)
-    tuned = TuneResult(result, config.model, dict(config.flags), tier, load, time.monotonic() - started,
-                       env=dict(config.env))
+    tuned = TuneResult(
+        result, config.model, dict(config.flags), tier, load, time.monotonic() - started, env=dict(config.env)
+    )
     for line in tuned.summary_lines():
         out(line)
     return tuned

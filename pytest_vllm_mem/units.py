@@ -44,7 +44,7 @@ def split_amount(text: str) -> tuple[float, str] | None:
 def parse_size(text: str) -> int:
     """A size in bytes from `"24GiB"`, `"256MiB"`, `"8gb"` (10^9), `"512mb"`, `"1.5GiB"` or plain bytes `"1048576"`."""
     amount = split_amount(str(text))
-    if amount is None or amount[1] not in SIZE_UNITS and amount[1] != "":
+    if amount is None or (amount[1] not in SIZE_UNITS and amount[1] != ""):
         raise UnitError(
             f"Size {text!r} is not understood. Accepted: a number with a unit, case-insensitive, spaces allowed: "
             "binary KiB/MiB/GiB/TiB (GiB = 2^30 bytes, e.g. '24GiB', '256MiB'), decimal KB/MB/GB/TB "
@@ -58,7 +58,7 @@ def parse_size(text: str) -> int:
 def parse_duration_ms(text: str) -> float:
     """A duration in milliseconds from `"50ms"`, `"1.5s"`, `"500us"` or plain milliseconds `"50"`."""
     amount = split_amount(str(text))
-    if amount is None or amount[1] not in DURATION_UNITS_MS and amount[1] != "":
+    if amount is None or (amount[1] not in DURATION_UNITS_MS and amount[1] != ""):
         raise UnitError(
             f"Duration {text!r} is not understood. Accepted: a number with a unit, case-insensitive: "
             "'us' (microseconds), 'ms', 's' (e.g. '50ms', '1.5s'), or plain milliseconds ('50')."

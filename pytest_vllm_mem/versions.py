@@ -44,6 +44,7 @@ def launch_argv(python: str, model: str, flag_args: list[str]) -> list[str]:
     is an error in 0.10 and a deprecation warning since)."""
     return [python, "-c", LAUNCHER, LAUNCH_SUBCOMMAND, model, *flag_args]
 
+
 # What was checked on which real release (README "Supported vLLM versions" repeats this; keep them in step).
 VERIFIED_RELEASES: dict[str, tuple[str, ...]] = {
     # The parser table built from the release's wheel, imported on a CPU interpreter (ci/check-vllm-wheel.sh).

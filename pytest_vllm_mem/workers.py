@@ -51,8 +51,9 @@ def worker_devices(worker_id: str, gpu_count: int, per_worker: int) -> list[int]
     return list(range(first, first + per_worker))
 
 
-def assign_worker_gpus(worker_id: str, per_worker: int, environ: MutableMapping[str, str] = os.environ,
-                       nvml: Any | None = None) -> str | None:
+def assign_worker_gpus(
+    worker_id: str, per_worker: int, environ: MutableMapping[str, str] = os.environ, nvml: Any | None = None
+) -> str | None:
     """Set CUDA_VISIBLE_DEVICES for this worker (inherited by its servers); None when there is nothing to assign
     (the user set it already, or no GPU: CPU servers share the host and pick their own ports)."""
     if environ.get("CUDA_VISIBLE_DEVICES"):

@@ -50,7 +50,7 @@ class SessionWatcher:
                 except OSError:
                     continue
 
-    def __enter__(self) -> "SessionWatcher":
+    def __enter__(self) -> SessionWatcher:
         self._thread.start()
         return self
 
@@ -71,8 +71,9 @@ class SessionWatcher:
         return list(ours.values())
 
 
-def run_inner(pytester: pytest.Pytester, *args: str, env: dict[str, str] | None = None,
-              timeout: float = 900) -> tuple[pytest.RunResult, dict]:
+def run_inner(
+    pytester: pytest.Pytester, *args: str, env: dict[str, str] | None = None, timeout: float = 900
+) -> tuple[pytest.RunResult, dict]:
     """Run the inner session; returns its result and its results JSON. Fails if a server of it is left."""
     token = uuid.uuid4().hex
     results = pytester.path / f"results-{token[:8]}.json"
@@ -81,8 +82,14 @@ def run_inner(pytester: pytest.Pytester, *args: str, env: dict[str, str] | None 
     watcher = SessionWatcher(token)
     try:
         with watcher:
-            result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--vllm-results={results}",
-                                                   f"--vllm-cache-dir={CACHE_DIR}", *args, timeout=timeout)
+            result = pytester.runpytest_subprocess(
+                "-p",
+                "no:cacheprovider",
+                f"--vllm-results={results}",
+                f"--vllm-cache-dir={CACHE_DIR}",
+                *args,
+                timeout=timeout,
+            )
     finally:
         for key, value in old.items():
             if value is None:

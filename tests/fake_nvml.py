@@ -166,8 +166,14 @@ class FakeNvml:
     NVML_DEVICE_MIG_ENABLE = NVML_DEVICE_MIG_ENABLE
     NVML_DEVICE_MIG_DISABLE = NVML_DEVICE_MIG_DISABLE
 
-    def __init__(self, gpus: list[FakeGpu] | None = None, *, init_error: int | BaseException | None = None,
-                 names: dict[int, str | bytes] | None = None, has_v3: bool = True) -> None:
+    def __init__(
+        self,
+        gpus: list[FakeGpu] | None = None,
+        *,
+        init_error: int | BaseException | None = None,
+        names: dict[int, str | bytes] | None = None,
+        has_v3: bool = True,
+    ) -> None:
         self.gpus = gpus if gpus is not None else [FakeGpu("GPU-00000000-0000-0000-0000-000000000000")]
         self.init_error = init_error
         self.names = names or {}
@@ -301,8 +307,11 @@ class FakeNvml:
             return [Proc(pid, used, mig.gpu_instance, mig.compute_instance) for pid, used in mig.compute]
         listed = [Proc(pid, used) for pid, used in gpu.compute]
         if gpu.mig_enabled:
-            listed += [Proc(pid, used, mig.gpu_instance, mig.compute_instance)
-                       for mig in gpu.migs.values() for pid, used in mig.compute]
+            listed += [
+                Proc(pid, used, mig.gpu_instance, mig.compute_instance)
+                for mig in gpu.migs.values()
+                for pid, used in mig.compute
+            ]
         return listed
 
     def _query(self, handle: _Handle, kind: str) -> list[Proc]:
@@ -353,8 +362,9 @@ class FakeNvml:
         except NVMLError as error:
             if error.value != NVML_ERROR_FUNCTION_NOT_FOUND:
                 raise
-            raise NVMLLibraryMismatchError("Unversioned function called and the pyNVML version does not match the "
-                                           "NVML lib version.") from None
+            raise NVMLLibraryMismatchError(
+                "Unversioned function called and the pyNVML version does not match the NVML lib version."
+            ) from None
 
     def nvmlSystemGetProcessName(self, pid: int) -> str | bytes:
         self._check()

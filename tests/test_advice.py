@@ -30,8 +30,9 @@ def oom(phase: str | None = "serving", **figures: float) -> Diagnosis:
 # --- helpers ----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("tokens, expected", [(9_344, 8192), (8192, 8192), (13_136, 8192), (300, 256), (10, 256),
-                                              (108_160, 65536)])
+@pytest.mark.parametrize(
+    "tokens, expected", [(9_344, 8192), (8192, 8192), (13_136, 8192), (300, 256), (10, 256), (108_160, 65536)]
+)
 def test_power_of_two_at_most(tokens: int, expected: int) -> None:
     assert power_of_two_at_most(tokens) == expected
 
@@ -55,8 +56,10 @@ def test_serving_oom_lowers_utilization_by_the_shortfall() -> None:
     diagnosis, memory = from_log("gpu-0.8-serving-oom-v0-13221.log")
     rungs = advise(diagnosis, VLLMConfig("m", gpu_memory_utilization=0.9), memory)
     # 1.50 GiB tried, 0.2571 GiB free: 1.24 GiB short on a 44.53 GiB card -> 0.9 - 1.24/44.53 - 0.01 = 0.862 -> 0.86
-    assert rungs[0] == ("gpu_memory_utilization 0.9 -> 0.86 (a 1.50 GiB allocation failed with 0.26 GiB free: 1.24 "
-                        "GiB more of the 44.53 GiB device stays outside vLLM's budget)")
+    assert rungs[0] == (
+        "gpu_memory_utilization 0.9 -> 0.86 (a 1.50 GiB allocation failed with 0.26 GiB free: 1.24 "
+        "GiB more of the 44.53 GiB device stays outside vLLM's budget)"
+    )
     assert rungs[-1] == "add enforce_eager (skips CUDA graph capture and its memory pool)"
 
 
@@ -72,8 +75,10 @@ def test_graph_capture_oom_advises_eager_first_not_weights() -> None:
     rungs = advise(diagnosis, VLLMConfig("m", gpu_memory_utilization=0.95), memory)
     assert rungs[0] == "add enforce_eager (skips CUDA graph capture and its memory pool)"
     # "CUDA error: out of memory" carries no sizes: the one rung without figures says it is a step.
-    assert rungs[1] == ("gpu_memory_utilization 0.95 -> 0.9 (CUDA graphs are captured after the KV cache took its "
-                        "budget; a 0.05 step: the log gives no device total to size it)")
+    assert rungs[1] == (
+        "gpu_memory_utilization 0.95 -> 0.9 (CUDA graphs are captured after the KV cache took its "
+        "budget; a 0.05 step: the log gives no device total to size it)"
+    )
     assert not any("weights" in rung for rung in rungs)
 
 
@@ -90,16 +95,22 @@ def test_graph_capture_oom_sized_by_the_graph_pool_from_the_startup_summary() ->
 def test_sampler_warmup_oom_halves_max_num_seqs() -> None:
     diagnosis, memory = from_log("gpu-0.13-sampler-warmup-oom-2080ti-19445.log")
     rungs = advise(diagnosis, VLLMConfig("m"), memory)
-    assert rungs[0] == ("max_num_seqs default 256 -> 128 (the sampler warm-up allocates logits for 256 dummy requests "
-                        "at once)")
-    assert rungs[1].startswith("gpu_memory_utilization default 0.9 -> 0.88 (the sampler's buffers are allocated after "
-                               "the KV cache took its budget: 0.09 GiB more of the 10.57 GiB device")
+    assert rungs[0] == (
+        "max_num_seqs default 256 -> 128 (the sampler warm-up allocates logits for 256 dummy requests at once)"
+    )
+    assert rungs[1].startswith(
+        "gpu_memory_utilization default 0.9 -> 0.88 (the sampler's buffers are allocated after "
+        "the KV cache took its budget: 0.09 GiB more of the 10.57 GiB device"
+    )
     assert advise(diagnosis, VLLMConfig("m", max_num_seqs=64), memory)[0].startswith("max_num_seqs 64 -> 32 ")
 
 
 def test_profiling_oom_shrinks_the_profiled_batch() -> None:
-    rungs = advise(oom("profiling", tried_allocate_gib=2.0), VLLMConfig("m", max_num_batched_tokens=8192,
-                                                                       tensor_parallel_size=2), None)
+    rungs = advise(
+        oom("profiling", tried_allocate_gib=2.0),
+        VLLMConfig("m", max_num_batched_tokens=8192, tensor_parallel_size=2),
+        None,
+    )
     assert rungs[0].startswith("max_num_batched_tokens 8192 -> 4096 (the profiling pass runs one batch")
     assert rungs[-1].startswith("tensor_parallel_size 4 ")
 
@@ -107,7 +118,8 @@ def test_profiling_oom_shrinks_the_profiled_batch() -> None:
 def test_kv_allocation_oom_and_wake_up() -> None:
     diagnosis, memory = from_log("gpu-0.4-kv-alloc-oom-qwen458.log")
     assert advise(diagnosis, VLLMConfig("m", gpu_memory_utilization=0.9), memory)[0].startswith(
-        "gpu_memory_utilization 0.9 -> 0.85 (the KV cache is sized from the budget and a 0.63 GiB allocation failed")
+        "gpu_memory_utilization 0.9 -> 0.85 (the KV cache is sized from the budget and a 0.63 GiB allocation failed"
+    )
     diagnosis, memory = from_log("gpu-0.7-wake-up-oom-cumem-13941.log")
     assert advise(diagnosis, VLLMConfig("m"), memory)[1].startswith("free device memory held by the other user")
 
@@ -144,8 +156,18 @@ def test_host_memory_cpu_worker_over_its_reservation_raises_utilization() -> Non
 
 
 def test_host_memory_cpu_node_short_of_memory_for_auto_kv() -> None:
-    diagnosis = Diagnosis("host_memory", "", (), {"available_gib": 2.0, "device_total_gib": 10.0,
-                                                  "kv_requested_gib": 8.0, "requested_gib": 9.0, "non_kv_gib": 1.0})
+    diagnosis = Diagnosis(
+        "host_memory",
+        "",
+        (),
+        {
+            "available_gib": 2.0,
+            "device_total_gib": 10.0,
+            "kv_requested_gib": 8.0,
+            "requested_gib": 9.0,
+            "non_kv_gib": 1.0,
+        },
+    )
     assert advise(diagnosis, VLLMConfig("m", gpu_memory_utilization=0.9), None) == [
         "stop other processes that hold host memory (node has 2.00 of 10.00 GiB available, the KV cache asks for "
         "8.00 GiB)",
@@ -154,8 +176,9 @@ def test_host_memory_cpu_node_short_of_memory_for_auto_kv() -> None:
 
 
 def test_host_memory_cpu_explicit_kv_size() -> None:
-    diagnosis = Diagnosis("host_memory", "", (), {"available_gib": 3.0, "device_total_gib": 10.46,
-                                                  "kv_requested_gib": 4.0})
+    diagnosis = Diagnosis(
+        "host_memory", "", (), {"available_gib": 3.0, "device_total_gib": 10.46, "kv_requested_gib": 4.0}
+    )
     assert advise(diagnosis, VLLMConfig("m"), None) == [
         "lower the explicit KV cache size 4.00 GiB -> 2.5 GiB (node has 3.00 GiB available): --kv-cache-memory-bytes "
         "or VLLM_CPU_KVCACHE_SPACE",
@@ -165,8 +188,11 @@ def test_host_memory_cpu_explicit_kv_size() -> None:
 
 def test_host_memory_generic() -> None:
     diagnosis = classify_failure("MemoryError\n", -6)
-    rungs = advise(diagnosis, VLLMConfig("m", gpu_memory_utilization=0.8, max_model_len=16384),
-                   StartupMemory(kv_cache_tokens=4_000))
+    rungs = advise(
+        diagnosis,
+        VLLMConfig("m", gpu_memory_utilization=0.8, max_model_len=16384),
+        StartupMemory(kv_cache_tokens=4_000),
+    )
     assert rungs[0] == "the host ran out of RAM, not device memory: stop other processes or use a machine with more RAM"
     assert rungs[2] == "max_model_len 16384 -> 2048 (KV cache holds 4,000 tokens)"
 
@@ -193,25 +219,31 @@ def test_v0_kv_too_small_cpu_scales_the_kv_space() -> None:
     ]
     config = VLLMConfig("m", env={"VLLM_CPU_KVCACHE_SPACE": "40"})
     assert advise(diagnosis, config, memory)[1] == (
-        "or VLLM_CPU_KVCACHE_SPACE 40 -> 265 (GiB; 40 GiB hold 21,840 tokens, one sequence is 131,072)")
+        "or VLLM_CPU_KVCACHE_SPACE 40 -> 265 (GiB; 40 GiB hold 21,840 tokens, one sequence is 131,072)"
+    )
 
 
 def test_kv_cache_insufficient_uses_vllms_estimate() -> None:
-    diagnosis, memory = from_log("gpu-0.14-kv-cache-needed-pp-32105.log")
+    diagnosis, _memory = from_log("gpu-0.14-kv-cache-needed-pp-32105.log")
     rungs = advise(diagnosis, VLLMConfig("m"), StartupMemory(device_total_gib=80.0))
-    assert rungs[0] == ("max_model_len 202752 -> 76800 (the KV cache has 28.57 GiB, one 202,752-token sequence needs "
-                        "71.16 GiB; vLLM estimates a maximum of 81,392)")
+    assert rungs[0] == (
+        "max_model_len 202752 -> 76800 (the KV cache has 28.57 GiB, one 202,752-token sequence needs "
+        "71.16 GiB; vLLM estimates a maximum of 81,392)"
+    )
     assert rungs[1] == "or raise gpu_memory_utilization default 0.9 -> 0.95 " + rungs[1].split("0.95 ", 1)[1]
 
 
 def test_kv_cache_utilization_target_from_device_total() -> None:
-    diagnosis = Diagnosis("kv_cache_insufficient", "", (), {"max_model_len": 8192, "needed_gib": 2.0,
-                                                            "available_gib": 1.0})
-    rungs = advise(diagnosis, VLLMConfig("m", gpu_memory_utilization=0.1, max_model_len=8192),
-                   StartupMemory(device_total_gib=10.0))
+    diagnosis = Diagnosis(
+        "kv_cache_insufficient", "", (), {"max_model_len": 8192, "needed_gib": 2.0, "available_gib": 1.0}
+    )
+    rungs = advise(
+        diagnosis, VLLMConfig("m", gpu_memory_utilization=0.1, max_model_len=8192), StartupMemory(device_total_gib=10.0)
+    )
     # 0.1 + (2 - 1) * 1.1 / 10 + 0.01 = 0.22
-    assert rungs[-1].startswith("or raise gpu_memory_utilization 0.1 -> 0.22 (the KV cache lacks 1.00 GiB of the "
-                                "10.00 GiB device")
+    assert rungs[-1].startswith(
+        "or raise gpu_memory_utilization 0.1 -> 0.22 (the KV cache lacks 1.00 GiB of the 10.00 GiB device"
+    )
     bigger = advise(diagnosis, VLLMConfig("m", gpu_memory_utilization=0.1), StartupMemory(device_total_gib=4.0))
     assert "0.1 -> 0.39 " in bigger[-1]  # the same shortfall is a bigger share of a smaller device
 
@@ -239,17 +271,24 @@ def test_kv_cache_insufficient_cpu_env_space() -> None:
 def test_no_cache_blocks_with_a_huge_graph_estimate_skips_the_reservation_first() -> None:
     diagnosis, memory = from_log("gpu-0.28-no-cache-blocks-graph-estimate-53013.log")
     rungs = advise(diagnosis, VLLMConfig("m"), memory)
-    assert rungs[0] == ("skip the CUDA graph reservation: env VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 or add "
-                        "enforce_eager (vLLM set 118.65 GiB aside for graphs before sizing the KV cache)")
+    assert rungs[0] == (
+        "skip the CUDA graph reservation: env VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 or add "
+        "enforce_eager (vLLM set 118.65 GiB aside for graphs before sizing the KV cache)"
+    )
 
 
 def test_no_cache_blocks_raise_sized_by_the_negative_pool() -> None:
-    diagnosis = Diagnosis("kv_cache_insufficient", "no memory was left", ("ValueError: No available memory for the "
-                          "cache blocks.",), {"available_gib": -1.25})
+    diagnosis = Diagnosis(
+        "kv_cache_insufficient",
+        "no memory was left",
+        ("ValueError: No available memory for the cache blocks.",),
+        {"available_gib": -1.25},
+    )
     rungs = advise(diagnosis, VLLMConfig("m", gpu_memory_utilization=0.5), StartupMemory(device_total_gib=23.55))
     # 0.5 + 1.25 * 1.1 / 23.55 + 0.01 = 0.568 -> 0.57
-    assert rungs[0].startswith("raise gpu_memory_utilization 0.5 -> 0.57 (the KV cache lacks 1.25 GiB of the 23.55 "
-                               "GiB device")
+    assert rungs[0].startswith(
+        "raise gpu_memory_utilization 0.5 -> 0.57 (the KV cache lacks 1.25 GiB of the 23.55 GiB device"
+    )
     assert rungs[1] == "add enforce_eager (skips CUDA graph capture and its memory pool)"
 
 
@@ -280,9 +319,12 @@ def test_memory_profiling_error_points_at_the_other_process() -> None:
 
 
 def test_external_weights_raise_the_budget_over_them() -> None:
-    diagnosis = Diagnosis("external_weights_over_budget", "", (), {"external_gib": 20.5, "device_total_gib": 23.55,
-                                                                   "gpu_memory_utilization": 0.8,
-                                                                   "requested_gib": 18.84})
+    diagnosis = Diagnosis(
+        "external_weights_over_budget",
+        "",
+        (),
+        {"external_gib": 20.5, "device_total_gib": 23.55, "gpu_memory_utilization": 0.8, "requested_gib": 18.84},
+    )
     rungs = advise(diagnosis, VLLMConfig("m"), None)
     # 20.5 / 23.55 + 0.1 = 0.97 -> capped at 0.95
     assert rungs[0].startswith("raise gpu_memory_utilization default 0.8 -> 0.95 (the budget counts the 20.50 GiB")
@@ -307,38 +349,53 @@ def test_weights_too_large_with_measured_weights() -> None:
 def test_bad_flag_unrecognized_names_flag_and_version() -> None:
     diagnosis = classify_failure("api_server.py: error: unrecognized arguments: --swap-space\n", 2)
     rungs = advise(diagnosis, VLLMConfig("m", swap_space=4), StartupMemory(vllm_version="0.32.0"))
-    assert rungs[0] == ("--swap-space is not accepted by the installed vLLM 0.32.0: remove it from the config (vLLM "
-                        "removed --swap-space; the V1 engine does not swap to CPU)")
+    assert rungs[0] == (
+        "--swap-space is not accepted by the installed vLLM 0.32.0: remove it from the config (vLLM "
+        "removed --swap-space; the V1 engine does not swap to CPU)"
+    )
     assert rungs[-1].startswith("list the accepted flags")
 
 
 def test_bad_flag_value() -> None:
     diagnosis, memory = from_log("cpu-0.32-validation-error.log")
     assert advise(diagnosis, VLLMConfig("m", gpu_memory_utilization=1.5), memory)[0] == (
-        "gpu_memory_utilization=1.5 is rejected by the installed vLLM 0.32.0: Input should be less than or equal to 1")
+        "gpu_memory_utilization=1.5 is rejected by the installed vLLM 0.32.0: Input should be less than or equal to 1"
+    )
 
 
 def test_usage_errors_say_how_to_give_the_model() -> None:
     diagnosis, memory = from_log("gpu-0.8-usage-model-flag-16691.log")
     assert advise(diagnosis, VLLMConfig("m"), memory)[0].startswith(
-        "pass the model as the first positional argument: `vllm serve <model> [flags]`")
+        "pass the model as the first positional argument: `vllm serve <model> [flags]`"
+    )
     diagnosis, memory = from_log("gpu-0.11-usage-model-positional-to-api-server-27389.log", 2)
     assert advise(diagnosis, VLLMConfig("m"), memory)[0].startswith(
-        "pass the model with --model to python -m vllm.entrypoints.openai.api_server")
+        "pass the model with --model to python -m vllm.entrypoints.openai.api_server"
+    )
 
 
 # --- peak above tier, timeout, crash -----------------------------------------------------------------------------
 
 
 def test_peak_above_tier_scales_utilization() -> None:
-    rungs = advise(None, VLLMConfig("m", gpu_memory_utilization=0.9), StartupMemory(weights_gib=15.0),
-                   tier_bytes=24 * GIB, peak_bytes=26 * GIB)
+    rungs = advise(
+        None,
+        VLLMConfig("m", gpu_memory_utilization=0.9),
+        StartupMemory(weights_gib=15.0),
+        tier_bytes=24 * GIB,
+        peak_bytes=26 * GIB,
+    )
     assert rungs == ["peak 26.00 GiB exceeds the 24gb tier by 2.00 GiB: gpu_memory_utilization 0.9 -> 0.82"]
 
 
 def test_peak_above_tier_from_a_large_card_and_short_context() -> None:
-    rungs = advise(None, VLLMConfig("m", max_model_len=32768), StartupMemory(vllm_version="0.33.0",
-                   kv_cache_tokens=20_000), tier_bytes=24 * GIB, peak_bytes=int(75.5 * GIB))
+    rungs = advise(
+        None,
+        VLLMConfig("m", max_model_len=32768),
+        StartupMemory(vllm_version="0.33.0", kv_cache_tokens=20_000),
+        tier_bytes=24 * GIB,
+        peak_bytes=int(75.5 * GIB),
+    )
     assert rungs == [
         "peak 75.50 GiB exceeds the 24gb tier by 51.50 GiB: gpu_memory_utilization default 0.92 -> 0.28",
         "max_model_len 32768 -> 16384 (KV cache holds 20,000 tokens)",
@@ -347,8 +404,10 @@ def test_peak_above_tier_from_a_large_card_and_short_context() -> None:
 
 def test_peak_above_tier_when_weights_alone_do_not_fit() -> None:
     rungs = advise(None, VLLMConfig("m"), StartupMemory(weights_gib=23.0), tier_bytes=24 * GIB, peak_bytes=30 * GIB)
-    assert rungs == ["peak 30.00 GiB exceeds the 24gb tier by 6.00 GiB and the weights alone take 23.00 GiB: use a "
-                     "quantized model or tensor_parallel_size 2"]
+    assert rungs == [
+        "peak 30.00 GiB exceeds the 24gb tier by 6.00 GiB and the weights alone take 23.00 GiB: use a "
+        "quantized model or tensor_parallel_size 2"
+    ]
 
 
 def test_no_advice_when_the_peak_fits_or_nothing_is_known() -> None:
@@ -357,15 +416,21 @@ def test_no_advice_when_the_peak_fits_or_nothing_is_known() -> None:
 
 
 def test_timeout_and_crash_advice() -> None:
-    timeout = Diagnosis("timeout", "vLLM did not become healthy within 240 s (last stage reached: loading the "
-                        "weights)", (), {"timeout_s": 240.0})
+    timeout = Diagnosis(
+        "timeout",
+        "vLLM did not become healthy within 240 s (last stage reached: loading the weights)",
+        (),
+        {"timeout_s": 240.0},
+    )
     assert advise(timeout, VLLMConfig("m"), None)[0] == (
         "raise the startup timeout (now 240 s): vLLM did not become healthy within 240 s (last stage reached: "
-        "loading the weights)")
+        "loading the weights)"
+    )
     killed = classify_failure("", -9)
     assert advise(killed, VLLMConfig("m"), None) == [
         "the process was killed by SIGKILL with no error logged: check `dmesg` for the kernel OOM killer and the "
-        "host's free RAM"]
+        "host's free RAM"
+    ]
     assert advise(classify_failure("OSError: boom\n", 1), VLLMConfig("m"), None) == []
 
 
@@ -373,7 +438,8 @@ def test_max_model_len_over_the_models_own_lowers_it_to_the_model() -> None:
     diagnosis, memory = from_log("gpu-0.1x-max-model-len-over-derived-longvt9.log")
     assert advise(diagnosis, VLLMConfig("m", max_model_len=131072), memory) == [
         "max_model_len 131072 -> 32768 (the model's config allows 32,768 tokens; env VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 "
-        "lifts the check at the risk vLLM warns of)"]
+        "lifts the check at the risk vLLM warns of)"
+    ]
 
 
 def test_peak_above_tier_sized_from_the_logged_budget() -> None:
@@ -382,9 +448,13 @@ def test_peak_above_tier_sized_from_the_logged_budget() -> None:
     memory = parse_startup_memory(GPU_TOTALS_033)  # 23.55 GiB device, 0.92 -> 21.67 GiB budget, 16.36 GiB non-KV
     rungs = advise(None, VLLMConfig("m"), memory, tier_bytes=20 * GIB, peak_bytes=int(22.5 * GIB))
     # outside = 22.5 - 21.67 = 0.83; (20 - 0.83) / 23.55 - 0.01 = 0.804 -> 0.8; 0.8 * 23.55 - 16.36 = 2.48 for KV
-    assert rungs == ["peak 22.50 GiB exceeds the 20gb tier by 2.50 GiB: gpu_memory_utilization default 0.92 -> 0.8 "
-                     "(a 18.84 GiB budget of the 23.55 GiB device, plus the 0.83 GiB vLLM used outside its budget, "
-                     "fits the tier; 2.48 GiB of it stays for the KV cache)"]
+    assert rungs == [
+        "peak 22.50 GiB exceeds the 20gb tier by 2.50 GiB: gpu_memory_utilization default 0.92 -> 0.8 "
+        "(a 18.84 GiB budget of the 23.55 GiB device, plus the 0.83 GiB vLLM used outside its budget, "
+        "fits the tier; 2.48 GiB of it stays for the KV cache)"
+    ]
     too_small = advise(None, VLLMConfig("m"), memory, tier_bytes=16 * GIB, peak_bytes=int(22.5 * GIB))
-    assert too_small[0].endswith("(weights, activations and graphs alone take 16.36 GiB, and vLLM used 0.83 GiB "
-                                 "outside its budget): use a quantized model or a larger tier")
+    assert too_small[0].endswith(
+        "(weights, activations and graphs alone take 16.36 GiB, and vLLM used 0.83 GiB "
+        "outside its budget): use a quantized model or a larger tier"
+    )

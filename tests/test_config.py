@@ -44,12 +44,15 @@ def test_bare_flag_differs_from_a_value_of_one() -> None:
     assert VLLMConfig("m", seed=1) != VLLMConfig("m", seed=True)
 
 
-@pytest.mark.parametrize("other", [
-    VLLMConfig("m2", max_model_len=4096, enforce_eager=True),
-    VLLMConfig("m", max_model_len=2048, enforce_eager=True),
-    VLLMConfig("m", max_model_len=4096),
-    VLLMConfig("m", max_model_len=4096, enforce_eager=True, env={"A": "1"}),
-])
+@pytest.mark.parametrize(
+    "other",
+    [
+        VLLMConfig("m2", max_model_len=4096, enforce_eager=True),
+        VLLMConfig("m", max_model_len=2048, enforce_eager=True),
+        VLLMConfig("m", max_model_len=4096),
+        VLLMConfig("m", max_model_len=4096, enforce_eager=True, env={"A": "1"}),
+    ],
+)
 def test_different_configs_are_not_equal(other: VLLMConfig) -> None:
     assert example() != other
 
@@ -76,27 +79,54 @@ def test_secret_flag_values_are_masked_but_passed_to_the_server() -> None:
     for text in (str(config), repr(config), config.short_id()):
         assert "sk-secret" not in text and "hf_abc" not in text
         assert "max-model-len" in text or "max_model_len" in text
-    assert config.cli_args() == ["--model", "m", "--api-key", "sk-secret", "--hf-token", "hf_abc",
-                                 "--max-model-len", "64"]
+    assert config.cli_args() == [
+        "--model",
+        "m",
+        "--api-key",
+        "sk-secret",
+        "--hf-token",
+        "hf_abc",
+        "--max-model-len",
+        "64",
+    ]
     assert str(VLLMConfig("m", hf_token=True)) == "vllm serve m --hf-token"  # a bare flag hides nothing
 
 
-@pytest.mark.parametrize("key", ["HF_TOKEN", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD",
-                                 "NGROK_AUTHTOKEN", "api_key", "hf_token"])
+@pytest.mark.parametrize(
+    "key",
+    ["HF_TOKEN", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD", "NGROK_AUTHTOKEN", "api_key", "hf_token"],
+)
 def test_secret_names(key: str) -> None:
     assert is_secret_key(key)
 
 
-@pytest.mark.parametrize("key", ["TOKENIZERS_PARALLELISM", "max_num_batched_tokens", "ssl_keyfile",
-                                 "VLLM_CPU_KVCACHE_SPACE", "CUDA_VISIBLE_DEVICES"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "TOKENIZERS_PARALLELISM",
+        "max_num_batched_tokens",
+        "ssl_keyfile",
+        "VLLM_CPU_KVCACHE_SPACE",
+        "CUDA_VISIBLE_DEVICES",
+    ],
+)
 def test_ordinary_names_are_not_secret(key: str) -> None:
     assert not is_secret_key(key)
 
 
 def test_list_values_become_repeated_arguments() -> None:
     config = VLLMConfig("m", served_model_name=["a", "b"], cudagraph_capture_sizes=(1, 2, 4))
-    assert config.cli_args() == ["--model", "m", "--served-model-name", "a", "b",
-                                 "--cudagraph-capture-sizes", "1", "2", "4"]
+    assert config.cli_args() == [
+        "--model",
+        "m",
+        "--served-model-name",
+        "a",
+        "b",
+        "--cudagraph-capture-sizes",
+        "1",
+        "2",
+        "4",
+    ]
     assert config.flag("cudagraph_capture_sizes") == ("1", "2", "4")
 
 
@@ -141,8 +171,15 @@ def test_model_must_be_a_non_empty_string(model: object) -> None:
 def test_with_flags_changes_adds_and_removes() -> None:
     base = example()
     changed = base.with_flags(max_model_len=2048, gpu_memory_utilization=0.5)
-    assert changed.cli_args() == ["--model", "m", "--max-model-len", "2048", "--enforce-eager",
-                                  "--gpu-memory-utilization", "0.5"]
+    assert changed.cli_args() == [
+        "--model",
+        "m",
+        "--max-model-len",
+        "2048",
+        "--enforce-eager",
+        "--gpu-memory-utilization",
+        "0.5",
+    ]
     removed = base.with_flags(max_model_len=None)
     assert removed == VLLMConfig("m", enforce_eager=True)
     assert removed.flag("max_model_len") is None
@@ -197,11 +234,13 @@ def test_usable_as_parametrize_value_with_ids(pytester: pytest.Pytester) -> None
     )
     result = pytester.runpytest("-v", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=4)
-    result.stdout.fnmatch_lines([
-        "*test_ids?max-model-len=64? PASSED*",
-        "*test_ids?max-model-len=128 enforce-eager? PASSED*",
-        "*test_str_ids?vllm serve m --max-model-len 64? PASSED*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*test_ids?max-model-len=64? PASSED*",
+            "*test_ids?max-model-len=128 enforce-eager? PASSED*",
+            "*test_str_ids?vllm serve m --max-model-len 64? PASSED*",
+        ]
+    )
 
 
 def test_fields_are_declared_for_type_checkers_and_copies_round_trip() -> None:

@@ -9,12 +9,29 @@ import sys
 import pytest
 
 CORE_MODULES = (
-    "pytest_vllm_mem", "pytest_vllm_mem.config", "pytest_vllm_mem.kinds", "pytest_vllm_mem.server",
-    "pytest_vllm_mem.diagnose", "pytest_vllm_mem.advice", "pytest_vllm_mem.memory", "pytest_vllm_mem.load",
-    "pytest_vllm_mem.measure", "pytest_vllm_mem.metrics", "pytest_vllm_mem.baseline_store", "pytest_vllm_mem.compare",
-    "pytest_vllm_mem.noise", "pytest_vllm_mem.results", "pytest_vllm_mem.plan", "pytest_vllm_mem.preflight",
-    "pytest_vllm_mem.settings", "pytest_vllm_mem.session", "pytest_vllm_mem.flagcheck", "pytest_vllm_mem.tiers",
-    "pytest_vllm_mem.tune", "pytest_vllm_mem.plan_cli", "pytest_vllm_mem.__main__",
+    "pytest_vllm_mem",
+    "pytest_vllm_mem.config",
+    "pytest_vllm_mem.kinds",
+    "pytest_vllm_mem.server",
+    "pytest_vllm_mem.diagnose",
+    "pytest_vllm_mem.advice",
+    "pytest_vllm_mem.memory",
+    "pytest_vllm_mem.load",
+    "pytest_vllm_mem.measure",
+    "pytest_vllm_mem.metrics",
+    "pytest_vllm_mem.baseline_store",
+    "pytest_vllm_mem.compare",
+    "pytest_vllm_mem.noise",
+    "pytest_vllm_mem.results",
+    "pytest_vllm_mem.plan",
+    "pytest_vllm_mem.preflight",
+    "pytest_vllm_mem.settings",
+    "pytest_vllm_mem.session",
+    "pytest_vllm_mem.flagcheck",
+    "pytest_vllm_mem.tiers",
+    "pytest_vllm_mem.tune",
+    "pytest_vllm_mem.plan_cli",
+    "pytest_vllm_mem.__main__",
 )
 
 # A finder first on sys.meta_path that refuses pytest: importing it anywhere raises, naming the importer.
@@ -34,8 +51,9 @@ sys.meta_path.insert(0, RefusePytest())
 
 
 def run_without_pytest(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", REFUSE_PYTEST + code], capture_output=True, text=True, check=False,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", REFUSE_PYTEST + code], capture_output=True, text=True, check=False, timeout=120
+    )
 
 
 @pytest.mark.parametrize("module", CORE_MODULES)
@@ -45,11 +63,13 @@ def test_core_module_imports_without_pytest(module: str) -> None:
 
 
 def test_the_tune_command_runs_without_pytest() -> None:
-    result = run_without_pytest("import sys; from pytest_vllm_mem.__main__ import main\n"
-                                "sys.argv = ['x', 'tune', '--help']\n"
-                                "try:\n    main(['tune', '--help'])\nexcept SystemExit as exit:\n"
-                                "    assert exit.code == 0, exit.code\n"
-                                "assert 'pytest' not in sys.modules")
+    result = run_without_pytest(
+        "import sys; from pytest_vllm_mem.__main__ import main\n"
+        "sys.argv = ['x', 'tune', '--help']\n"
+        "try:\n    main(['tune', '--help'])\nexcept SystemExit as exit:\n"
+        "    assert exit.code == 0, exit.code\n"
+        "assert 'pytest' not in sys.modules"
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "--max-startups" in result.stdout
 

@@ -59,8 +59,8 @@ def test_corpus_failure_kind_and_phase(name: str) -> None:
     if "phase" in entry:
         assert diagnosis.phase == entry["phase"], diagnosis.summary
     assert diagnosis.kind in FAILURE_KINDS
-    assert diagnosis.phase is None or diagnosis.phase in PHASES + ("usage", "arguments")
-    assert diagnosis.summary and not any("Engine core initialization failed" in l for l in diagnosis.root_cause)
+    assert diagnosis.phase is None or diagnosis.phase in (*PHASES, "usage", "arguments")
+    assert diagnosis.summary and not any("Engine core initialization failed" in line for line in diagnosis.root_cause)
 
 
 @pytest.mark.parametrize("name", STARTED)
@@ -73,32 +73,50 @@ def test_corpus_started_logs_parse_and_hold_no_error(name: str) -> None:
 # --- prefixes -------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name, fragment, message", [
-    ("gpu-0.11-started-kv-sizes-28228.log", "Available KV cache memory", "Available KV cache memory: 2.30 GiB"),
-    # 0.4-0.7 headers have no brackets: "INFO 02-19 23:56:55 kv_cache_utils.py:524] "
-    ("gpu-0.7-started-kv-tokens-13596.log", "GPU KV cache size", "GPU KV cache size: 2,042,016 tokens"),
-    # docker compose "vllm-1  | ", CI "[2026-...Z] ", GKE "INFO 2025-...Z [resource...] (EngineCore_DP0 pid=270) "
-    ("gpu-0.6-no-cache-blocks-10439.log", "ValueError:",
-     "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
-     "initializing the engine."),
-    ("gpu-0.16-free-memory-ci-pytorch175666.log", "ValueError", "ValueError: Free memory on device cuda:1 "
-     "(19.77/22.05 GiB) on startup is less than desired GPU memory utilization (0.9, 19.84 GiB). Decrease GPU memory "
-     "utilization or reduce GPU memory used by other processes."),
-    ("gpu-0.11-oom-lora-no-phase-29049.log", "logits.sort", "logits_sort, logits_idx = logits.sort(dim=-1, "
-     "descending=False)"),
-    # a worker's raw stderr: process prefix, no header; traceback indentation is part of the message
-    ("gpu-0.2x-free-memory-3090-club3090.log", "raise ValueError(", "    raise ValueError("),
-    ("gpu-0.9-free-memory-20305.log", "ValueError", "ValueError: Free memory on device (31.44/47.38 GiB) on startup "
-     "is less than desired GPU memory utilization (0.95, 45.01 GiB). Decrease GPU memory utilization or reduce GPU "
-     "memory used by other processes."),
-])
+@pytest.mark.parametrize(
+    "name, fragment, message",
+    [
+        ("gpu-0.11-started-kv-sizes-28228.log", "Available KV cache memory", "Available KV cache memory: 2.30 GiB"),
+        # 0.4-0.7 headers have no brackets: "INFO 02-19 23:56:55 kv_cache_utils.py:524] "
+        ("gpu-0.7-started-kv-tokens-13596.log", "GPU KV cache size", "GPU KV cache size: 2,042,016 tokens"),
+        # docker compose "vllm-1  | ", CI "[2026-...Z] ", GKE "INFO 2025-...Z [resource...] (EngineCore_DP0 pid=270) "
+        (
+            "gpu-0.6-no-cache-blocks-10439.log",
+            "ValueError:",
+            "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+            "initializing the engine.",
+        ),
+        (
+            "gpu-0.16-free-memory-ci-pytorch175666.log",
+            "ValueError",
+            "ValueError: Free memory on device cuda:1 "
+            "(19.77/22.05 GiB) on startup is less than desired GPU memory utilization (0.9, 19.84 GiB). Decrease GPU memory "
+            "utilization or reduce GPU memory used by other processes.",
+        ),
+        (
+            "gpu-0.11-oom-lora-no-phase-29049.log",
+            "logits.sort",
+            "logits_sort, logits_idx = logits.sort(dim=-1, descending=False)",
+        ),
+        # a worker's raw stderr: process prefix, no header; traceback indentation is part of the message
+        ("gpu-0.2x-free-memory-3090-club3090.log", "raise ValueError(", "    raise ValueError("),
+        (
+            "gpu-0.9-free-memory-20305.log",
+            "ValueError",
+            "ValueError: Free memory on device (31.44/47.38 GiB) on startup "
+            "is less than desired GPU memory utilization (0.95, 45.01 GiB). Decrease GPU memory utilization or reduce GPU "
+            "memory used by other processes.",
+        ),
+    ],
+)
 def test_strip_log_prefix_on_real_lines(name: str, fragment: str, message: str) -> None:
     assert strip_log_prefix(first_line(name, fragment)) == message
 
 
 def test_strip_log_prefix_uvicorn_and_plain() -> None:
     assert strip_log_prefix(first_line("cpu-0.32-started.log", "Application startup complete")) == (
-        "Application startup complete.")
+        "Application startup complete."
+    )
     assert strip_log_prefix("RuntimeError: CUDA error: out of memory") == "RuntimeError: CUDA error: out of memory"
 
 
@@ -118,8 +136,15 @@ def test_records_flattened_into_one_line_are_split() -> None:
 def test_parse_startup_memory_cpu_032_auto_sized_kv_cache() -> None:
     memory = parse_startup_memory(log("cpu-0.32-started.log"))
     assert memory == StartupMemory(
-        vllm_version="0.32.0", kv_cache_gib=0.21, kv_cache_tokens=108_160, max_concurrency=52.81,
-        max_concurrency_tokens=2048, engine_init_s=5.17, non_kv_gib=0.84, requested_gib=1.05, device_total_gib=10.46,
+        vllm_version="0.32.0",
+        kv_cache_gib=0.21,
+        kv_cache_tokens=108_160,
+        max_concurrency=52.81,
+        max_concurrency_tokens=2048,
+        engine_init_s=5.17,
+        non_kv_gib=0.84,
+        requested_gib=1.05,
+        device_total_gib=10.46,
     )
 
 
@@ -142,7 +167,10 @@ def test_parse_startup_memory_v0_profiling_summary() -> None:
 def test_parse_startup_memory_graph_pool_and_profiling_hint() -> None:
     memory = parse_startup_memory(log("gpu-0.2x-started-graph-profiling-3090-club3090-127.log"))
     assert (memory.graph_pool_estimate_gib, memory.gpu_memory_utilization, memory.suggested_utilization) == (
-        0.17, 0.92, 0.9271)
+        0.17,
+        0.92,
+        0.9271,
+    )
     pool = parse_startup_memory(log("gpu-0.3x-started-graph-pool-miaai25.log"))
     assert (pool.graph_pool_gib, pool.graph_pool_estimate_gib) == (-0.19, 2.43)  # the actual pool can be negative
 
@@ -204,31 +232,44 @@ def test_oom_phase_comes_from_the_traceback_not_from_missing_milestones() -> Non
     }
     for name, phase in expected.items():
         diagnosis = classify_failure(log(name), 1)
-        assert (diagnosis.phase, diagnosis.kind) == (phase, "weights_too_large" if phase == "loading_weights"
-                                                     else "cuda_oom"), name
+        assert (diagnosis.phase, diagnosis.kind) == (
+            phase,
+            "weights_too_large" if phase == "loading_weights" else "cuda_oom",
+        ), name
 
 
 def test_oom_without_any_phase_evidence_says_so() -> None:
     diagnosis = classify_failure(log("gpu-0.9-oom-llama4-no-phase-20581.log"), 1)
     assert (diagnosis.kind, diagnosis.phase) == ("cuda_oom", None)
-    assert diagnosis.summary == ("vLLM ran out of device memory (the log does not show in which phase) (tried to "
-                                 "allocate 2.50 GiB)")
-    assert diagnosis.figures == {"tried_allocate_gib": 2.5, "device_total_gib": 79.25, "free_gib": 1.79,
-                                 "process_used_gib": 77.46, "returncode": 1.0}
+    assert diagnosis.summary == (
+        "vLLM ran out of device memory (the log does not show in which phase) (tried to allocate 2.50 GiB)"
+    )
+    assert diagnosis.figures == {
+        "tried_allocate_gib": 2.5,
+        "device_total_gib": 79.25,
+        "free_gib": 1.79,
+        "process_used_gib": 77.46,
+        "returncode": 1.0,
+    }
 
 
 def test_oom_phase_from_the_last_milestone_when_the_traceback_is_silent() -> None:
     # The V0 log stops at "Capturing cudagraphs for decoding"; an OOM printed after it belongs to the capture.
-    text = log("gpu-0.6-started-v0-profiling-11251.log") + "\n" + first_line(
-        "gpu-0.9-graph-capture-cuda-error-oom-19186.log", "RuntimeError: CUDA error: out of memory")
+    text = (
+        log("gpu-0.6-started-v0-profiling-11251.log")
+        + "\n"
+        + first_line("gpu-0.9-graph-capture-cuda-error-oom-19186.log", "RuntimeError: CUDA error: out of memory")
+    )
     diagnosis = classify_failure(text, 1)
     assert (diagnosis.kind, diagnosis.phase) == ("cuda_oom", "graph_capture")
 
 
 def test_sampler_warmup_reads_the_dummy_request_count_and_torch_figures() -> None:
     diagnosis = classify_failure(log("gpu-0.13-sampler-warmup-oom-2080ti-19445.log"), 1)
-    assert diagnosis.summary == ("vLLM ran out of device memory while warming up the sampler with 256 dummy requests "
-                                 "(tried to allocate 252.00 MiB)")
+    assert diagnosis.summary == (
+        "vLLM ran out of device memory while warming up the sampler with 256 dummy requests "
+        "(tried to allocate 252.00 MiB)"
+    )
     assert diagnosis.figures["dummy_requests"] == 256 and diagnosis.figures["device_total_gib"] == 10.57
     assert diagnosis.root_cause[0].startswith("RuntimeError: CUDA out of memory occurred when warming up sampler")
 
@@ -246,14 +287,17 @@ def test_weights_oom_figures() -> None:
     assert diagnosis.figures["tried_allocate_gib"] == pytest.approx(0.875)
 
 
-@pytest.mark.parametrize("message", [
-    "RuntimeError: CUDA error: out of memory",
-    "RuntimeError: CUDA driver error: out of memory",  # torch's C10_CUDA_DRIVER_CHECK (expandable segments, cumem)
-    "RuntimeError: CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62",
-    "RuntimeError: cuda runtime error (2) : out of memory at /pytorch/aten/src/THC/THCCachingAllocator.cpp:510",
-    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
-    "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        "RuntimeError: CUDA error: out of memory",
+        "RuntimeError: CUDA driver error: out of memory",  # torch's C10_CUDA_DRIVER_CHECK (expandable segments, cumem)
+        "RuntimeError: CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62",
+        "RuntimeError: cuda runtime error (2) : out of memory at /pytorch/aten/src/THC/THCCachingAllocator.cpp:510",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+        "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+    ],
+)
 def test_device_oom_wordings(message: str) -> None:
     assert classify_failure(message + "\n", 1).kind in ("cuda_oom", "weights_too_large")
 
@@ -265,25 +309,42 @@ def test_v0_wording_kv_cache_too_small_for_max_model_len_gpu() -> None:
     diagnosis = classify_failure(log("gpu-0.6-kv-max-seq-len-10517.log"), 1)
     assert diagnosis.kind == "kv_cache_insufficient"
     # The pool holds 23,648 tokens in 2.89 GiB: one 29,000-token sequence needs 2.89 * 29000 / 23648 GiB.
-    assert diagnosis.figures == {"max_model_len": 29000.0, "kv_cache_tokens": 23648.0, "available_gib": 2.89,
-                                 "needed_gib": 3.54, "returncode": 1.0}
-    assert diagnosis.summary == ("the KV cache holds 23,648 tokens, fewer than one 29,000-token sequence "
-                                 "(max_model_len)")
+    assert diagnosis.figures == {
+        "max_model_len": 29000.0,
+        "kv_cache_tokens": 23648.0,
+        "available_gib": 2.89,
+        "needed_gib": 3.54,
+        "returncode": 1.0,
+    }
+    assert diagnosis.summary == (
+        "the KV cache holds 23,648 tokens, fewer than one 29,000-token sequence (max_model_len)"
+    )
 
 
 def test_v0_wording_kv_cache_too_small_on_cpu() -> None:
     diagnosis = classify_failure(log("cpu-0.8-kv-max-seq-len-cpu-opea1762.log"), 1)
     assert diagnosis.kind == "kv_cache_insufficient"
-    assert diagnosis.figures == {"cpu_backend": 1.0, "max_model_len": 131072.0, "kv_cache_tokens": 21840.0,
-                                 "returncode": 1.0}
+    assert diagnosis.figures == {
+        "cpu_backend": 1.0,
+        "max_model_len": 131072.0,
+        "kv_cache_tokens": 21840.0,
+        "returncode": 1.0,
+    }
 
 
 def test_v1_wording_kv_cache_needed_with_vllms_estimate() -> None:
     diagnosis = classify_failure(log("cpu-0.32-kv-cache-insufficient.log"), 1)
-    assert diagnosis.figures == {"max_model_len": 32768.0, "needed_gib": 0.06, "available_gib": 0.01,
-                                 "estimated_max_model_len": 7680.0, "returncode": 1.0}
-    assert diagnosis.summary == ("the KV cache (0.01 GiB) cannot hold one 32,768-token sequence (needs 0.06 GiB); "
-                                 "vLLM estimates a maximum model length of 7,680")
+    assert diagnosis.figures == {
+        "max_model_len": 32768.0,
+        "needed_gib": 0.06,
+        "available_gib": 0.01,
+        "estimated_max_model_len": 7680.0,
+        "returncode": 1.0,
+    }
+    assert diagnosis.summary == (
+        "the KV cache (0.01 GiB) cannot hold one 32,768-token sequence (needs 0.06 GiB); "
+        "vLLM estimates a maximum model length of 7,680"
+    )
     # 0.11's "models's" typo is the same message
     assert classify_failure(log("cpu-0.11-kv-cache-needed-29233.log"), 1).figures["needed_gib"] == 4.38
 
@@ -302,27 +363,41 @@ def test_memory_profiling_error_figures_even_when_wrapped() -> None:
     assert (diagnosis.kind, diagnosis.phase) == ("memory_profiling_error", "profiling")
     assert diagnosis.figures == {"initial_free_gib": 82.94, "current_free_gib": 90.17, "returncode": 1.0}
     assert diagnosis.summary.startswith("free device memory rose from 82.94 GiB (90.17 GiB after profiling)")
-    assert "did not drop below 30.30 GiB" in classify_failure(log("xpu-0.15-memory-profiling-assert-33358.log"),
-                                                             1).summary
+    assert (
+        "did not drop below 30.30 GiB" in classify_failure(log("xpu-0.15-memory-profiling-assert-33358.log"), 1).summary
+    )
 
 
 def test_external_weights_over_budget() -> None:
     # vLLM 0.33.0 vllm/v1/worker/utils.py request_memory(), numbers filled in; no public log shows it yet.
-    text = ("(EngineCore pid=1) ERROR 11-30 04:55:40 [core.py:1510] ValueError: Externally held weights on device "
-            "cuda:0 (20.5/23.55 GiB) exceed the desired GPU memory utilization (0.8, 18.84 GiB). Increase GPU memory "
-            "utilization or reduce GPU memory used by other processes.\n")
+    text = (
+        "(EngineCore pid=1) ERROR 11-30 04:55:40 [core.py:1510] ValueError: Externally held weights on device "
+        "cuda:0 (20.5/23.55 GiB) exceed the desired GPU memory utilization (0.8, 18.84 GiB). Increase GPU memory "
+        "utilization or reduce GPU memory used by other processes.\n"
+    )
     diagnosis = classify_failure(text, 1)
     assert diagnosis.kind == "external_weights_over_budget"
-    assert diagnosis.figures == {"external_gib": 20.5, "device_total_gib": 23.55, "gpu_memory_utilization": 0.8,
-                                 "requested_gib": 18.84, "returncode": 1.0}
+    assert diagnosis.figures == {
+        "external_gib": 20.5,
+        "device_total_gib": 23.55,
+        "gpu_memory_utilization": 0.8,
+        "requested_gib": 18.84,
+        "returncode": 1.0,
+    }
 
 
 def test_insufficient_free_memory_figures() -> None:
     diagnosis = classify_failure(log("gpu-0.2x-free-memory-3090-club3090.log"), 1)
-    assert diagnosis.figures == {"free_gib": 22.76, "device_total_gib": 24.0, "gpu_memory_utilization": 0.97,
-                                 "requested_gib": 23.28, "returncode": 1.0}
-    assert diagnosis.summary == ("only 22.76 of 24.00 GiB were free on cuda:0 at startup, but gpu_memory_utilization "
-                                 "0.97 asks for 23.28 GiB")
+    assert diagnosis.figures == {
+        "free_gib": 22.76,
+        "device_total_gib": 24.0,
+        "gpu_memory_utilization": 0.97,
+        "requested_gib": 23.28,
+        "returncode": 1.0,
+    }
+    assert diagnosis.summary == (
+        "only 22.76 of 24.00 GiB were free on cuda:0 at startup, but gpu_memory_utilization 0.97 asks for 23.28 GiB"
+    )
     assert "free on the device at startup" in classify_failure(log("gpu-0.9-free-memory-20305.log"), 1).summary
 
 
@@ -336,17 +411,26 @@ def test_cpu_host_memory_real_log_root_cause_is_the_valueerror_once() -> None:
         "ValueError: Available memory on node 0 (9.06/10.46 GiB) on kv cache allocation is less than requested "
         "memory for kv (-0.62/0.21 GiB). Reduce CPU memory used by other processes.",
     )
-    assert diagnosis.figures == {"available_gib": 9.06, "device_total_gib": 10.46, "kv_requested_gib": -0.62,
-                                 "requested_gib": 0.21, "non_kv_gib": 0.83, "returncode": 1.0}
+    assert diagnosis.figures == {
+        "available_gib": 9.06,
+        "device_total_gib": 10.46,
+        "kv_requested_gib": -0.62,
+        "requested_gib": 0.21,
+        "non_kv_gib": 0.83,
+        "returncode": 1.0,
+    }
 
 
-@pytest.mark.parametrize("message", [
-    "RuntimeError: [enforce fail at alloc_cpu.cpp:117] . DefaultCPUAllocator: can't allocate memory: you tried to "
-    "allocate 8589934592 bytes. Error code 12 (Cannot allocate memory)",
-    "terminate called after throwing an instance of 'std::bad_alloc'",
-    "MemoryError",
-    "OSError: [Errno 12] Cannot allocate memory",
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        "RuntimeError: [enforce fail at alloc_cpu.cpp:117] . DefaultCPUAllocator: can't allocate memory: you tried to "
+        "allocate 8589934592 bytes. Error code 12 (Cannot allocate memory)",
+        "terminate called after throwing an instance of 'std::bad_alloc'",
+        "MemoryError",
+        "OSError: [Errno 12] Cannot allocate memory",
+    ],
+)
 def test_host_memory_generic_messages(message: str) -> None:
     diagnosis = classify_failure(f"{message}\n", -6)
     assert diagnosis.kind == "host_memory"
@@ -369,10 +453,13 @@ def test_positional_model_to_the_api_server_module_is_a_usage_error() -> None:
     assert "(/root/models/Qwen3-8B)" in diagnosis.summary
 
 
-@pytest.mark.parametrize("line", [
-    "vllm serve: error: the following arguments are required: model_tag",
-    "ValueError: No model specified! Please specify model either as a positional argument or in a config file.",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "vllm serve: error: the following arguments are required: model_tag",
+        "ValueError: No model specified! Please specify model either as a positional argument or in a config file.",
+    ],
+)
 def test_no_model_given_is_a_usage_error(line: str) -> None:
     # argparse's line (0.5-0.8) and 0.33's FlexibleArgumentParser (vllm/utils/argparse_utils.py), verbatim.
     diagnosis = classify_failure(line + "\n", 2)
@@ -385,16 +472,31 @@ def test_unrecognized_flag_real_logs() -> None:
     assert (diagnosis.summary, rejected_flags(diagnosis)) == ("the installed vLLM does not accept --omni", ("--omni",))
 
 
-@pytest.mark.parametrize("line, flags, summary", [
-    ("api_server.py: error: unrecognized arguments: --swap-space", ("--swap-space",),
-     "the installed vLLM does not accept --swap-space"),
-    ("vllm serve: error: unrecognized arguments: --swap-space 4 --foo", ("--swap-space", "--foo"),
-     "the installed vLLM does not accept --swap-space, --foo"),
-    ("api_server.py: error: argument --dtype: invalid choice: 'foo' (choose from 'auto', 'bfloat16')", ("--dtype",),
-     "the installed vLLM rejected the value of --dtype: invalid choice: 'foo' (choose from 'auto', 'bfloat16')"),
-    ("api_server.py: error: argument --max-model-len: expected one argument", ("--max-model-len",),
-     "the installed vLLM rejected the value of --max-model-len: expected one argument"),
-])
+@pytest.mark.parametrize(
+    "line, flags, summary",
+    [
+        (
+            "api_server.py: error: unrecognized arguments: --swap-space",
+            ("--swap-space",),
+            "the installed vLLM does not accept --swap-space",
+        ),
+        (
+            "vllm serve: error: unrecognized arguments: --swap-space 4 --foo",
+            ("--swap-space", "--foo"),
+            "the installed vLLM does not accept --swap-space, --foo",
+        ),
+        (
+            "api_server.py: error: argument --dtype: invalid choice: 'foo' (choose from 'auto', 'bfloat16')",
+            ("--dtype",),
+            "the installed vLLM rejected the value of --dtype: invalid choice: 'foo' (choose from 'auto', 'bfloat16')",
+        ),
+        (
+            "api_server.py: error: argument --max-model-len: expected one argument",
+            ("--max-model-len",),
+            "the installed vLLM rejected the value of --max-model-len: expected one argument",
+        ),
+    ],
+)
 def test_argparse_errors_are_bad_flag(line: str, flags: tuple[str, ...], summary: str) -> None:
     diagnosis = classify_failure(line + "\n", 2)
     assert (diagnosis.kind, diagnosis.phase, diagnosis.summary) == ("bad_flag", "arguments", summary)
@@ -403,22 +505,28 @@ def test_argparse_errors_are_bad_flag(line: str, flags: tuple[str, ...], summary
 
 def test_pydantic_validation_error_is_bad_flag_real_log() -> None:
     diagnosis = classify_failure(log("cpu-0.32-validation-error.log"), 1)
-    assert diagnosis.summary == ("the installed vLLM rejected gpu_memory_utilization=1.5: Input should be less than "
-                                 "or equal to 1")
+    assert diagnosis.summary == (
+        "the installed vLLM rejected gpu_memory_utilization=1.5: Input should be less than or equal to 1"
+    )
     assert rejected_flags(diagnosis) == ("gpu_memory_utilization",)
 
 
 def test_flag_echoes_and_warnings_are_not_causes() -> None:
     # INFO/WARNING lines mention flags and errors; 0.33 only warns about `vllm serve --model` (argparse_utils.py
     # logger.warning, wording from the 0.33.0 source): only error lines count.
-    text = "\n".join([
-        first_line("cpu-0.32-kv-cache-insufficient.log", "non-default args"),
-        first_line("cpu-0.32-kv-cache-insufficient.log", "Too many open files"),
-        "(APIServer pid=1) WARNING 11-30 04:55:23 [argparse_utils.py:328] With `vllm serve`, you should provide the "
-        "model as a positional argument or in a config file instead of via the `--model` option. The `--model` option "
-        "will be removed in a future version.",
-        GRAPH_DISABLED_033,
-    ]) + "\n"
+    text = (
+        "\n".join(
+            [
+                first_line("cpu-0.32-kv-cache-insufficient.log", "non-default args"),
+                first_line("cpu-0.32-kv-cache-insufficient.log", "Too many open files"),
+                "(APIServer pid=1) WARNING 11-30 04:55:23 [argparse_utils.py:328] With `vllm serve`, you should provide the "
+                "model as a positional argument or in a config file instead of via the `--model` option. The `--model` option "
+                "will be removed in a future version.",
+                GRAPH_DISABLED_033,
+            ]
+        )
+        + "\n"
+    )
     diagnosis = classify_failure(text, 1)
     assert diagnosis.kind == "crash"
     assert find_memory_error(text) is None
@@ -437,8 +545,9 @@ def test_crash_quotes_the_earliest_specific_error_not_the_generic_one() -> None:
 
 def test_worker_exception_line_gives_the_cause() -> None:
     diagnosis = classify_failure(log("gpu-0.5-crash-nccl-init-7800.log"), 1)
-    assert diagnosis.root_cause[0] == ("NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details) (in "
-                                       "a worker, method init_device)")
+    assert diagnosis.root_cause[0] == (
+        "NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details) (in a worker, method init_device)"
+    )
 
 
 def test_crash_without_any_error_quotes_the_last_lines() -> None:
@@ -473,24 +582,36 @@ def test_timeout_diagnosis_reports_stage_and_last_lines() -> None:
 
 def test_diagnosis_to_dict() -> None:
     diagnosis = Diagnosis("crash", "x", ("a",), {"returncode": 1.0})
-    assert diagnosis.to_dict() == {"kind": "crash", "summary": "x", "root_cause": ["a"],
-                                   "figures": {"returncode": 1.0}, "phase": None}
+    assert diagnosis.to_dict() == {
+        "kind": "crash",
+        "summary": "x",
+        "root_cause": ["a"],
+        "figures": {"returncode": 1.0},
+        "phase": None,
+    }
 
 
 def test_errors_logged_before_the_engine_was_up_do_not_explain_a_later_oom() -> None:
     # A traceback frame from startup (#28143's create_weights), then the engine's "init engine ... took" line, then a
     # serving OOM (#13221): the frame from before the engine was up does not make it a weight-loading OOM.
-    text = "\n".join([log("gpu-0.11-weights-oom-create-weights-28143.log").splitlines()[3],
-                      first_line("cpu-0.32-started.log", "init engine (profile, create kv cache, warmup model)"),
-                      log("gpu-0.8-serving-oom-v0-13221.log")])
+    text = "\n".join(
+        [
+            log("gpu-0.11-weights-oom-create-weights-28143.log").splitlines()[3],
+            first_line("cpu-0.32-started.log", "init engine (profile, create kv cache, warmup model)"),
+            log("gpu-0.8-serving-oom-v0-13221.log"),
+        ]
+    )
     diagnosis = find_memory_error(text)
     assert diagnosis is not None and (diagnosis.kind, diagnosis.phase) == ("cuda_oom", "serving")
 
 
-@pytest.mark.parametrize("name, requested, derived", [
-    ("gpu-0.1x-max-model-len-over-derived-longvt9.log", 131072, 32768),  # pydantic "Value error, ..." line only
-    ("gpu-0.5-max-model-len-over-derived-xinference1715.log", 4096, 2048),  # plain ValueError, under xinference
-])
+@pytest.mark.parametrize(
+    "name, requested, derived",
+    [
+        ("gpu-0.1x-max-model-len-over-derived-longvt9.log", 131072, 32768),  # pydantic "Value error, ..." line only
+        ("gpu-0.5-max-model-len-over-derived-xinference1715.log", 4096, 2048),  # plain ValueError, under xinference
+    ],
+)
 def test_max_model_len_over_the_models_own_is_bad_flag(name: str, requested: int, derived: int) -> None:
     diagnosis = classify_failure(log(name), 1)
     assert (diagnosis.kind, diagnosis.phase) == ("bad_flag", "arguments")
@@ -540,8 +661,13 @@ def test_cpu_worker_over_its_reservation_is_host_memory_with_figures() -> None:
     log_text = cpu_worker_over_budget(consumed=int(1.37 * 2**30), total=int(12.5 * 2**30), utilization=0.1)
     diagnosis = classify_failure(log_text, 1)
     assert (diagnosis.kind, diagnosis.phase) == ("host_memory", "kv_cache_allocation")
-    assert diagnosis.figures == {"non_kv_gib": 1.37, "requested_gib": 1.25, "kv_requested_gib": -0.12,
-                                 "min_gpu_memory_utilization": 0.11, "returncode": 1.0}
+    assert diagnosis.figures == {
+        "non_kv_gib": 1.37,
+        "requested_gib": 1.25,
+        "kv_requested_gib": -0.12,
+        "min_gpu_memory_utilization": 0.11,
+        "returncode": 1.0,
+    }
     assert len(diagnosis.root_cause) == 1 and diagnosis.root_cause[0].startswith("ValueError: The worker already")
     assert "used up before the KV cache" in diagnosis.summary and "1.37 GiB" in diagnosis.summary
 
@@ -555,7 +681,8 @@ def test_the_startup_error_names_the_phase_unless_the_summary_does() -> None:
     error = VLLMStartupError(host, VLLMConfig("m"), None, StartupOutcome(False, host.kind, 3.0, 0))
     assert str(error).startswith("vLLM startup failed [host_memory] after 3.0s (while allocating the KV cache): ")
     assert failure_dict(host, [], None)["phase"] == "kv_cache_allocation"
-    oom = Diagnosis("cuda_oom", "vLLM ran out of device memory while allocating the KV cache", (), {},
-                    "kv_cache_allocation")
+    oom = Diagnosis(
+        "cuda_oom", "vLLM ran out of device memory while allocating the KV cache", (), {}, "kv_cache_allocation"
+    )
     said = str(VLLMStartupError(oom, VLLMConfig("m"), None, StartupOutcome(False, oom.kind, 3.0, 0)))
     assert said.splitlines()[0] == "vLLM startup failed [cuda_oom] after 3.0s: " + oom.summary

@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from e2e import record, run_inner
 
 pytestmark = pytest.mark.e2e
 
-INNER = '''
+INNER = """
 import os
 import pytest
 from pytest_vllm_mem import VLLMConfig
@@ -27,7 +26,7 @@ CASES = {
 @pytest.mark.parametrize("vllm_config", [CASES[os.environ["CASE"]]], ids=["serving"])
 def test_serving(vllm_server, vllm_load):
     assert vllm_load(num_prompts=48, concurrency=16, max_tokens=32, repeat=2).ok
-'''
+"""
 
 
 def test_baseline_gates_throughput_and_memory(pytester: pytest.Pytester) -> None:

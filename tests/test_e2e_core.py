@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from e2e import record, run_inner
 
 pytestmark = pytest.mark.e2e
 
-INNER = '''
+INNER = """
 import os, time
 from pathlib import Path
 import pytest
@@ -59,7 +58,7 @@ def test_starved_is_classified_at_exit(vllm_start):
 @pytest.mark.parametrize("vllm_config", [STARVED], ids=["starved"])
 def test_starved_fails_the_test(vllm_server):
     pass
-'''
+"""
 
 
 def test_core_contract(pytester: pytest.Pytester) -> None:
@@ -82,7 +81,7 @@ def test_core_contract(pytester: pytest.Pytester) -> None:
     assert load["completed"] == 48 and load["failed"] == 0
     assert metrics["output_throughput"] > 0 and metrics["request_throughput"] > 0
     assert 0 < load["ttft_ms"]["p50"] <= load["ttft_ms"]["p99"]
-    assert 0 < load["tpot_ms"]["p50"] and 0 < load["e2el_ms"]["p50"]
+    assert load["tpot_ms"]["p50"] > 0 and load["e2el_ms"]["p50"] > 0
     assert load["peak_memory_bytes"] > 100 * 2**20 and fits["startup"]["peak_memory_bytes"] > 100 * 2**20
     assert fits["memory"]["kv_cache_tokens"] > 0 and fits["memory"]["vllm_version"]
     # Equal configs share one server: two failures and one healthy server means three startups would be a bug.

@@ -22,21 +22,24 @@ from stubs.helpers import kill_quietly, popen_pytest, running
 
 pytestmark = pytest.mark.e2e
 
-CONFIG = '''
+CONFIG = """
 import json, os, time
 from pathlib import Path
 import psutil, pytest
 from pytest_vllm_mem import VLLMConfig
 
 A = VLLMConfig("tiny", gpu_memory_utilization=0.1, max_model_len=1024)
-'''
+"""
 
-KILLED = CONFIG + '''
+KILLED = (
+    CONFIG
+    + """
 @pytest.mark.parametrize("vllm_config", [A], ids=["A"])
 def test_killed(vllm_server, vllm_load):
     Path("loading").write_text(str(vllm_server.pid))
     vllm_load(num_prompts=100000, concurrency=8, max_tokens=64, timeout_s=600)
-'''
+"""
+)
 
 
 def _shm(pids: list[int]) -> set[str]:
@@ -44,10 +47,14 @@ def _shm(pids: list[int]) -> set[str]:
     found: set[str] = set()
     for pid in pids:
         try:
-            found |= {line.split(None, 5)[5].strip() for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
-                      if "/dev/shm/" in line and len(line.split(None, 5)) == 6}
-            found |= {os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()
-                      if os.readlink(fd).startswith("/dev/shm/")}
+            found |= {
+                line.split(None, 5)[5].strip()
+                for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+                if "/dev/shm/" in line and len(line.split(None, 5)) == 6
+            }
+            found |= {
+                os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir() if os.readlink(fd).startswith("/dev/shm/")
+            }
         except OSError:
             continue
     return {path.removesuffix(" (deleted)") for path in found}
@@ -116,19 +123,24 @@ def test_sigkill_of_pytest_leaves_no_server_process_and_no_segment(pytester: pyt
         assert any(path.startswith("/dev/shm/psm_") for path in segments), segments
     assert processes_with_token(token) == []
     assert processes_gone < 10 and segments_gone < 10
-    print(f"[faults] SIGKILL of pytest during a {phase}: {len(servers)} server processes gone after "
-          f"{processes_gone:.2f} s, {len(segments)} segments ({', '.join(sorted(segments))}) gone after "
-          f"{segments_gone:.2f} s; new in /dev/shm since the start: {new or 'nothing'}")
+    print(
+        f"[faults] SIGKILL of pytest during a {phase}: {len(servers)} server processes gone after "
+        f"{processes_gone:.2f} s, {len(segments)} segments ({', '.join(sorted(segments))}) gone after "
+        f"{segments_gone:.2f} s; new in /dev/shm since the start: {new or 'nothing'}"
+    )
 
 
-TURNS = CONFIG + '''
+TURNS = (
+    CONFIG
+    + """
 @pytest.mark.parametrize("vllm_config", [A], ids=["A"])
 @pytest.mark.parametrize("case", ["one", "two"])
 def test_turns(case, vllm_server, worker_id):
     Path(f"{case}.json").write_text(json.dumps({
         "worker": worker_id, "launched": vllm_server.started_at,
         "healthy": vllm_server.started_at + vllm_server.startup.duration_s, "log": str(vllm_server.log_path)}))
-'''
+"""
+)
 
 _LOG_TIME = re.compile(r"(?:INFO|WARNING|ERROR|DEBUG) (\d\d-\d\d \d\d:\d\d:\d\d) ")
 
@@ -151,8 +163,10 @@ def test_two_workers_asked_to_start_on_one_device_at_once_take_turns(pytester: p
     # This machine has no GPU: the CPU host is the device (startups on CPUs take turns only when asked).
     result, data = run_inner(pytester, "-n", "2", "--dist", "load", env={"PYTEST_VLLM_MEM_DEVICE_LOCK": "on"})
     result.assert_outcomes(passed=2)
-    one, two = sorted((json.loads((pytester.path / f"{case}.json").read_text()) for case in ("one", "two")),
-                      key=lambda server: server["launched"])
+    one, two = sorted(
+        (json.loads((pytester.path / f"{case}.json").read_text()) for case in ("one", "two")),
+        key=lambda server: server["launched"],
+    )
     assert one["worker"] != two["worker"]
     # CLOCK_MONOTONIC is one clock for every process on the machine: the second launch came after the first
     # server was healthy, and its test's record says how long it waited.
@@ -161,8 +175,10 @@ def test_two_workers_asked_to_start_on_one_device_at_once_take_turns(pytester: p
     assert second_log[0] >= first_log[1], (first_log, second_log)  # the logs agree
     waited = [note for test in data["tests"] for note in test.get("notes", []) if "waited" in note]
     assert len(waited) == 1 and "another server's startup on this device" in waited[0], data["tests"]
-    print(f"[faults] two workers, one device: first server launched 0.00 s, healthy "
-          f"{one['healthy'] - one['launched']:.2f} s; second launched {two['launched'] - one['launched']:.2f} s, "
-          f"healthy "
-          f"{two['healthy'] - one['launched']:.2f} s (logs {first_log[0]}..{first_log[1]} and "
-          f"{second_log[0]}..{second_log[1]}); {waited[0]}")
+    print(
+        f"[faults] two workers, one device: first server launched 0.00 s, healthy "
+        f"{one['healthy'] - one['launched']:.2f} s; second launched {two['launched'] - one['launched']:.2f} s, "
+        f"healthy "
+        f"{two['healthy'] - one['launched']:.2f} s (logs {first_log[0]}..{first_log[1]} and "
+        f"{second_log[0]}..{second_log[1]}); {waited[0]}"
+    )

@@ -15,12 +15,11 @@ import time
 
 import psutil
 import pytest
+from e2e import CACHE_DIR, TOKEN_VAR, processes_with_token, record, run_inner
+from stubs.helpers import Figures, kill_quietly, popen_pytest, running
 
 from pytest_vllm_mem.server import SERVER_MODULE, STARTING_STOP_GRACE_S
 from pytest_vllm_mem.versions import LAUNCHER
-
-from e2e import CACHE_DIR, TOKEN_VAR, processes_with_token, record, run_inner
-from stubs.helpers import Figures, kill_quietly, popen_pytest, running
 
 pytestmark = pytest.mark.e2e
 FIGURES = Figures()
@@ -33,7 +32,7 @@ def _print_figures():
     assert FIGURES.left() == [], f"processes left after the reliability tests: {FIGURES.left()}"
 
 
-HELPERS = '''
+HELPERS = """
 import json, os, signal, threading, time
 from pathlib import Path
 import psutil, pytest
@@ -52,9 +51,11 @@ def listening(procs):
 
 def save(name, **data):
     Path(name).write_text(json.dumps(data))
-'''
+"""
 
-ENGINE_DEATH = HELPERS + '''
+ENGINE_DEATH = (
+    HELPERS
+    + """
 @pytest.mark.parametrize("vllm_config", [A], ids=["A"])
 def test_engine_dies_during_load(vllm_server, vllm_load):
     procs = tree(vllm_server)
@@ -96,7 +97,8 @@ def test_exits_holding_a_server_nobody_else_holds(vllm_server, request):
 
 def test_never_runs():
     pass
-'''
+"""
+)
 
 
 def test_engine_death_raise_exit_and_session_end_sweep(pytester: pytest.Pytester) -> None:
@@ -142,12 +144,15 @@ def test_engine_death_raise_exit_and_session_end_sweep(pytester: pytest.Pytester
     assert running(crashed["pids"] + following["pids"]) == []  # run_inner also checked every token process
 
 
-STARTS = HELPERS + '''
+STARTS = (
+    HELPERS
+    + """
 @pytest.mark.parametrize("vllm_config", [A], ids=["A"])
 @pytest.mark.parametrize("case", CASES)
 def test_starts(case, vllm_server):
     pass
-'''
+"""
+)
 
 
 def _server_processes(token: str, pytest_pid: int) -> list[psutil.Process]:
@@ -173,15 +178,19 @@ def _server_processes(token: str, pytest_pid: int) -> list[psutil.Process]:
     return [proc for proc in found.values() if proc.pid not in pytest_processes and running([proc.pid])]
 
 
-@pytest.mark.parametrize(("sig", "workers"), [(signal.SIGINT, 0), (signal.SIGTERM, 0), (signal.SIGTERM, 2)],
-                         ids=["SIGINT", "SIGTERM", "SIGTERM-xdist"])
-def test_interrupting_pytest_during_a_real_startup_stops_every_server_process(pytester: pytest.Pytester, sig: int,
-                                                                             workers: int) -> None:
+@pytest.mark.parametrize(
+    ("sig", "workers"),
+    [(signal.SIGINT, 0), (signal.SIGTERM, 0), (signal.SIGTERM, 2)],
+    ids=["SIGINT", "SIGTERM", "SIGTERM-xdist"],
+)
+def test_interrupting_pytest_during_a_real_startup_stops_every_server_process(
+    pytester: pytest.Pytester, sig: int, workers: int
+) -> None:
     """Scenarios 3a/3b: Ctrl-C (SIGINT) or a CI cancel (SIGTERM) to pytest while vLLM starts (its EngineCore is
     up): every server process is gone within seconds and pytest exits as interrupted. Under xdist the signal
     reaches the controller only, which forwards it to the workers (execnet would interrupt them 5 s later and kill
     them 5 s after that, cutting a worker's stop short and orphaning its server)."""
-    cases = ["a", "b"][:max(workers, 1)]
+    cases = ["a", "b"][: max(workers, 1)]
     pytester.makepyfile(test_inner=STARTS.replace("CASES", repr(cases)))
     token = f"reliability-{sig.name}-{workers}-{os.getpid()}-{time.time_ns()}"
     # Startups not serialized per device (devicelock): the xdist case needs both servers starting at once.
@@ -224,11 +233,15 @@ def test_interrupting_pytest_during_a_real_startup_stops_every_server_process(py
     assert servers_gone < STARTING_STOP_GRACE_S + 4
     name = f"{sig.name} to pytest{' (xdist controller)' if workers else ''} during a real server startup"
     FIGURES.fault(name, servers_gone)
-    print(f"[reliability] {name}: {len(seen)} processes gone {servers_gone:.2f} s after the signal, "
-          f"pytest exited after {exited:.2f} s")
+    print(
+        f"[reliability] {name}: {len(seen)} processes gone {servers_gone:.2f} s after the signal, "
+        f"pytest exited after {exited:.2f} s"
+    )
 
 
-PARALLEL = HELPERS + '''
+PARALLEL = (
+    HELPERS
+    + """
 @pytest.mark.parametrize("vllm_config", [A], ids=["A"])
 @pytest.mark.parametrize("case", ["one", "two"])
 def test_parallel(case, vllm_server, vllm_load, worker_id):
@@ -242,7 +255,8 @@ def test_parallel(case, vllm_server, vllm_load, worker_id):
         time.sleep(0.2)
     assert psutil.pid_exists(json.loads(other.read_text())["pids"][0])
     assert vllm_load(num_prompts=16, concurrency=4, max_tokens=16).ok
-'''
+"""
+)
 
 
 def test_two_xdist_workers_start_real_servers_at_once(pytester: pytest.Pytester) -> None:
@@ -250,8 +264,9 @@ def test_two_xdist_workers_start_real_servers_at_once(pytester: pytest.Pytester)
     compile cache, and both records in the controller's results JSON and in the one baseline file."""
     pytester.makepyfile(test_inner=PARALLEL)
     baseline = pytester.path / "baselines.json"
-    result, data = run_inner(pytester, "-n", "2", "--dist", "load", "--vllm-update-baseline",
-                             f"--vllm-baseline={baseline}")
+    result, data = run_inner(
+        pytester, "-n", "2", "--dist", "load", "--vllm-update-baseline", f"--vllm-baseline={baseline}"
+    )
     servers = [json.loads((pytester.path / f"server-{case}.json").read_text()) for case in ("one", "two")]
     FIGURES.saw([pid for server in servers for pid in server["pids"]])
     result.assert_outcomes(passed=2)

@@ -4,12 +4,11 @@ cache vLLM plans, and a server whose peak exceeds the tier fails its test. Three
 from __future__ import annotations
 
 import pytest
-
 from e2e import record, run_inner
 
 pytestmark = pytest.mark.e2e
 
-INNER = '''
+INNER = """
 import pytest
 from pytest_vllm_mem import VLLMConfig
 
@@ -37,7 +36,7 @@ def test_fits_4gb(vllm_server):
 @pytest.mark.parametrize("vllm_config", [TIGHT], ids=["tight"])
 def test_tight(vllm_server, vllm_load):
     assert vllm_load(num_prompts=8, concurrency=4, max_tokens=8).ok
-'''
+"""
 
 
 def test_tiers_skip_emulate_and_fail(pytester: pytest.Pytester) -> None:

@@ -14,7 +14,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from e2e import CACHE_DIR, TOKEN_VAR, processes_with_token
 
 pytestmark = pytest.mark.e2e
@@ -23,8 +22,19 @@ MAX_STARTUPS = 5
 
 
 def tune_command(tmp_path: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "pytest_vllm_mem", "tune", "--model", "tiny", "--cache-dir", str(CACHE_DIR),
-            "--log-dir", str(tmp_path / "logs"), *args]
+    return [
+        sys.executable,
+        "-m",
+        "pytest_vllm_mem",
+        "tune",
+        "--model",
+        "tiny",
+        "--cache-dir",
+        str(CACHE_DIR),
+        "--log-dir",
+        str(tmp_path / "logs"),
+        *args,
+    ]
 
 
 def run_env(token: str) -> dict[str, str]:
@@ -43,9 +53,29 @@ def test_tuner_finds_the_startup_boundary_on_cpu(tmp_path: Path) -> None:
     # starts; 0.09 (720 MB) sits near the ~0.75 GiB the tiny model's worker uses before its KV cache.
     token = uuid.uuid4().hex
     out = tmp_path / "tune.json"
-    command = tune_command(tmp_path, "--tier", "8gb", "--low", "0.01", "--high", "0.25", "--resolution", "0.08",
-                           "--max-startups", str(MAX_STARTUPS), "--flag", "max_model_len=1024",
-                           "--num-prompts", "16", "--concurrency", "4", "--max-tokens", "8", "--json", str(out))
+    command = tune_command(
+        tmp_path,
+        "--tier",
+        "8gb",
+        "--low",
+        "0.01",
+        "--high",
+        "0.25",
+        "--resolution",
+        "0.08",
+        "--max-startups",
+        str(MAX_STARTUPS),
+        "--flag",
+        "max_model_len=1024",
+        "--num-prompts",
+        "16",
+        "--concurrency",
+        "4",
+        "--max-tokens",
+        "8",
+        "--json",
+        str(out),
+    )
     started = time.monotonic()
     try:
         done = subprocess.run(command, env=run_env(token), capture_output=True, text=True, timeout=480)
@@ -74,8 +104,10 @@ def test_tuner_finds_the_startup_boundary_on_cpu(tmp_path: Path) -> None:
     # Progress: a "starting trial" line before each result line, then the boundary and the recommended command.
     lines = output.splitlines()
     for number in range(1, len(trials) + 1):
-        start = lines.index(next(l for l in lines if l.startswith(f"starting trial {number}/{MAX_STARTUPS}: ")))
-        result = lines.index(next(l for l in lines if l.startswith(f"trial {number}/{MAX_STARTUPS}  ")))
+        start = lines.index(
+            next(line for line in lines if line.startswith(f"starting trial {number}/{MAX_STARTUPS}: "))
+        )
+        result = lines.index(next(line for line in lines if line.startswith(f"trial {number}/{MAX_STARTUPS}  ")))
         assert start < result
     assert "tier emulation: each value is scaled by" in output
     assert "host_memory" in output and "at startup: the worker's share of host memory" in output
@@ -85,10 +117,10 @@ def test_tuner_finds_the_startup_boundary_on_cpu(tmp_path: Path) -> None:
 
 def test_interrupted_tuner_stops_its_server_and_exits_130(tmp_path: Path) -> None:
     token = uuid.uuid4().hex
-    command = tune_command(tmp_path, "--low", "0.2", "--high", "0.3", "--resolution", "0.1",
-                           "--flag", "max_model_len=1024")
-    process = subprocess.Popen(command, env=run_env(token), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+    command = tune_command(
+        tmp_path, "--low", "0.2", "--high", "0.3", "--resolution", "0.1", "--flag", "max_model_len=1024"
+    )
+    process = subprocess.Popen(command, env=run_env(token), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for line in process.stdout:  # wait for the first startup to begin, then for its server processes
             if line.startswith("starting trial 1/"):
@@ -99,7 +131,7 @@ def test_interrupted_tuner_stops_its_server_and_exits_130(tmp_path: Path) -> Non
             assert time.monotonic() < deadline and process.poll() is None, "the trial's server never started"
             time.sleep(0.5)
         process.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
-        stdout, stderr = process.communicate(timeout=90)
+        _stdout, stderr = process.communicate(timeout=90)
     finally:
         if process.poll() is None:
             process.kill()

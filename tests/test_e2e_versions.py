@@ -14,14 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from e2e import record, run_inner
 
 pytestmark = pytest.mark.e2e
 
 RELEASE_PYTHON = os.environ.get("VLLM_MEM_RELEASE_PYTHON")
 
-INNER = '''
+INNER = """
 import os
 import pytest
 from pytest_vllm_mem import VLLMConfig, VLLMStartupError
@@ -50,12 +49,14 @@ if os.environ.get("CONTRACT"):
             vllm_start(VLLMConfig("tiny", gpu_memory_utilization=0.02, max_model_len=1024))
         assert error.value.kind == "host_memory", error.value.render()
         assert error.value.diagnosis.root_cause
-'''
+"""
 
 # Memory moved by under 5% between 0.27.1 and 0.32.0 here; throughput and latency by tens of percent, more with
 # other work on the machine. Wide bounds for those, so that only the flagged regression fails.
-TOLERANCES = ("--vllm-tolerance=output_throughput=80%,request_throughput=80%,startup_peak_memory=25%,"
-              "load_peak_memory=25%,kv_cache_tokens=25%,ttft_p50=5000%,ttft_p99=5000%,tpot_p50=5000%")
+TOLERANCES = (
+    "--vllm-tolerance=output_throughput=80%,request_throughput=80%,startup_peak_memory=25%,"
+    "load_peak_memory=25%,kv_cache_tokens=25%,ttft_p50=5000%,ttft_p99=5000%,tpot_p50=5000%"
+)
 
 
 def _version(python: str) -> str:
@@ -66,8 +67,10 @@ def _version(python: str) -> str:
 @pytest.fixture(scope="module")
 def release_python() -> str:
     if not RELEASE_PYTHON:
-        pytest.skip("no second vLLM release: run `bash ci/test.sh` (it sets VLLM_MEM_RELEASE_PYTHON), or set "
-                    "VLLM_MEM_RELEASE_PYTHON=$(bash ci/setup-release-venv.sh 0.27.1)")
+        pytest.skip(
+            "no second vLLM release: run `bash ci/test.sh` (it sets VLLM_MEM_RELEASE_PYTHON), or set "
+            "VLLM_MEM_RELEASE_PYTHON=$(bash ci/setup-release-venv.sh 0.27.1)"
+        )
     assert Path(RELEASE_PYTHON).is_file(), f"VLLM_MEM_RELEASE_PYTHON={RELEASE_PYTHON} does not exist"
     return RELEASE_PYTHON
 
@@ -80,8 +83,9 @@ def test_contract_and_upgrade_across_releases(pytester: pytest.Pytester, release
     common = [f"--vllm-baseline={baseline}", TOLERANCES]
 
     # 1. The core contract on the older release, recording the baseline.
-    result, data = run_inner(pytester, *common, f"--vllm-python={release_python}", "--vllm-update-baseline",
-                             env={"CONTRACT": "1"})
+    result, data = run_inner(
+        pytester, *common, f"--vllm-python={release_python}", "--vllm-update-baseline", env={"CONTRACT": "1"}
+    )
     result.assert_outcomes(passed=3)
     serving = record(data, "test_serving[serving]")
     assert serving["vllm_version"] == old
@@ -102,12 +106,12 @@ def test_contract_and_upgrade_across_releases(pytester: pytest.Pytester, release
     assert serving["baseline_status"] == "compared"
     assert old in json.dumps(serving["comparisons"]) or old in json.dumps(serving.get("baseline", {}))
     assert f"{old} -> {new}" in output, output[-3000:]
-    print(output[output.find("vllm-mem"):][:4000])
+    print(output[output.find("vllm-mem") :][:4000])
 
     # 3. A real regression on the newer release fails, naming both versions.
     result, data = run_inner(pytester, *common, env={"BIG": "1"})
     result.assert_outcomes(failed=1)
     output = result.stdout.str()
-    failure = output[output.find("FAILURES"):]
+    failure = output[output.find("FAILURES") :]
     assert "startup_peak_memory" in failure and "regressed" in failure, failure[:3000]
     assert f"vllm {old}" in failure.lower() and new in failure, failure[:3000]

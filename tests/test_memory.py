@@ -15,9 +15,19 @@ from typing import Any
 
 import psutil
 import pytest
+from fake_nvml import (
+    NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_INSUFFICIENT_SIZE,
+    NVML_ERROR_NOT_FOUND,
+    FakeGpu,
+    FakeMig,
+    FakeNvml,
+    NVMLError,
+    gpu_uuid,
+    gpus,
+    mig_uuid,
+)
 
-from fake_nvml import (NVML_ERROR_GPU_IS_LOST, NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_NOT_FOUND, NVMLError,
-                       FakeGpu, FakeMig, FakeNvml, gpu_uuid, gpus, mig_uuid)
 from pytest_vllm_mem.memory import (
     DeviceError,
     DeviceInfo,
@@ -72,8 +82,9 @@ def test_fake_nvml_maps_codes_to_subclasses_like_pynvml() -> None:
 
 def test_nvml_probe_sums_our_pids_per_process() -> None:
     # pid 100 has a compute and a graphics context: NVML lists it twice with the same memory; count it once.
-    nvml = one_gpu(compute=[(100, 2 * GIB), (200, 3 * GIB), (999, 5 * GIB)], graphics=[(100, 2 * GIB)],
-                   graphics_supported=True)
+    nvml = one_gpu(
+        compute=[(100, 2 * GIB), (200, 3 * GIB), (999, 5 * GIB)], graphics=[(100, 2 * GIB)], graphics_supported=True
+    )
     probe = NvmlProbe(0, nvml=nvml)
     assert probe.device == DeviceInfo("cuda", H100, 80 * GIB, 0, gpu_uuid(0))
     assert isinstance(probe, MemoryProbe)
@@ -261,26 +272,36 @@ def test_a_query_failing_with_another_exception_is_a_clear_message() -> None:
 
 def mig_host() -> FakeNvml:
     """GPU 0: a plain H100; GPU 1: an A100 80GB in MIG mode with slices in slots 0 and 2 (slot 1 empty)."""
-    migs = {0: FakeMig(mig_uuid(10), total=40 * GIB, gpu_instance=1, compute_instance=0, compute=[(300, 6 * GIB)]),
-            2: FakeMig(mig_uuid(12), name="NVIDIA A100-SXM4-80GB MIG 1g.10gb", total=10 * GIB, gpu_instance=9,
-                       compute_instance=0)}
-    return FakeNvml([FakeGpu(gpu_uuid(0)),
-                     FakeGpu(gpu_uuid(1), name="NVIDIA A100-SXM4-80GB", mig_capable=True, mig_enabled=True,
-                             migs=migs)])
+    migs = {
+        0: FakeMig(mig_uuid(10), total=40 * GIB, gpu_instance=1, compute_instance=0, compute=[(300, 6 * GIB)]),
+        2: FakeMig(
+            mig_uuid(12), name="NVIDIA A100-SXM4-80GB MIG 1g.10gb", total=10 * GIB, gpu_instance=9, compute_instance=0
+        ),
+    }
+    return FakeNvml(
+        [
+            FakeGpu(gpu_uuid(0)),
+            FakeGpu(gpu_uuid(1), name="NVIDIA A100-SXM4-80GB", mig_capable=True, mig_enabled=True, migs=migs),
+        ]
+    )
 
 
-@pytest.mark.parametrize("visible, expected", [
-    (None, [(0, None), (1, 0), (1, 2)]),  # unset: every GPU, a MIG-mode GPU's slices in its place
-    ("1,0", [(1, None), (0, None)]),  # CUDA's order is CUDA_VISIBLE_DEVICES's
-    (gpu_uuid(1), [(1, None)]),
-    ("GPU-00000001", [(1, None)]),  # a unique prefix, as CUDA accepts
-    (f" {mig_uuid(12)} ", [(1, 2)]),
-    ("MIG-0000000a", [(1, 0)]),
-    (f"MIG-{gpu_uuid(1)}/9/0", [(1, 2)]),  # the pre-R470 MIG naming
-    ("", []),  # no GPU: the CPU backend
-])
-def test_devices_are_resolved_like_cuda_visible_devices(visible: str | None,
-                                                        expected: list[tuple[int, int | None]]) -> None:
+@pytest.mark.parametrize(
+    "visible, expected",
+    [
+        (None, [(0, None), (1, 0), (1, 2)]),  # unset: every GPU, a MIG-mode GPU's slices in its place
+        ("1,0", [(1, None), (0, None)]),  # CUDA's order is CUDA_VISIBLE_DEVICES's
+        (gpu_uuid(1), [(1, None)]),
+        ("GPU-00000001", [(1, None)]),  # a unique prefix, as CUDA accepts
+        (f" {mig_uuid(12)} ", [(1, 2)]),
+        ("MIG-0000000a", [(1, 0)]),
+        (f"MIG-{gpu_uuid(1)}/9/0", [(1, 2)]),  # the pre-R470 MIG naming
+        ("", []),  # no GPU: the CPU backend
+    ],
+)
+def test_devices_are_resolved_like_cuda_visible_devices(
+    visible: str | None, expected: list[tuple[int, int | None]]
+) -> None:
     nvml = mig_host()
     with_cpu = detect_devices(visible, nvml=nvml)
     if not expected:
@@ -303,15 +324,18 @@ def test_a_mig_slice_has_the_slices_memory_and_its_own_processes() -> None:
     probe.close()
 
 
-@pytest.mark.parametrize("visible, message", [
-    ("3", "names GPU 3, but NVML sees 2 GPU"),
-    ("GPU-ffff", "'GPU-ffff' matches no GPU UUID"),
-    ("GPU-0000000", "matches 2 GPU UUID"),  # a prefix of both GPUs' UUIDs
-    ("MIG-0000000", "matches 2 MIG slice UUID"),
-    ("0,0", "names '0' twice"),
-    ("cuda:0", "'cuda:0', which is not a GPU"),
-    (f"MIG-{gpu_uuid(1)}/5/0", "no MIG slice with GPU instance 5"),
-])
+@pytest.mark.parametrize(
+    "visible, message",
+    [
+        ("3", "names GPU 3, but NVML sees 2 GPU"),
+        ("GPU-ffff", "'GPU-ffff' matches no GPU UUID"),
+        ("GPU-0000000", "matches 2 GPU UUID"),  # a prefix of both GPUs' UUIDs
+        ("MIG-0000000", "matches 2 MIG slice UUID"),
+        ("0,0", "names '0' twice"),
+        ("cuda:0", "'cuda:0', which is not a GPU"),
+        (f"MIG-{gpu_uuid(1)}/5/0", "no MIG slice with GPU instance 5"),
+    ],
+)
 def test_a_device_that_does_not_exist_is_a_usage_message(visible: str, message: str) -> None:
     nvml = mig_host()
     with pytest.raises(DeviceError, match=message.replace("(", r"\(")):
@@ -342,14 +366,17 @@ def test_tensor_parallel_server_is_measured_on_every_gpu() -> None:
     assert nvml.refcount == 0  # close_probe: stop() closed it
 
 
-@pytest.mark.parametrize("flags, count", [
-    ({}, 1),
-    ({"tensor_parallel_size": 2}, 2),
-    ({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}, 4),
-    ({"data_parallel_size": 2}, 2),
-    ({"data_parallel_size": 4, "data_parallel_size_local": 2, "tensor_parallel_size": 2}, 4),
-    ({"tensor_parallel_size": "2"}, 2),
-])
+@pytest.mark.parametrize(
+    "flags, count",
+    [
+        ({}, 1),
+        ({"tensor_parallel_size": 2}, 2),
+        ({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}, 4),
+        ({"data_parallel_size": 2}, 2),
+        ({"data_parallel_size": 4, "data_parallel_size_local": 2, "tensor_parallel_size": 2}, 4),
+        ({"tensor_parallel_size": "2"}, 2),
+    ],
+)
 def test_gpus_used_follows_vllms_world_size(flags: dict[str, object], count: int) -> None:
     assert gpus_used(flags) == count
 
@@ -455,8 +482,10 @@ def test_wait_for_free_memory_is_clear_when_enough_is_free() -> None:
 
 def test_wait_for_free_memory_waits_for_every_gpu_of_the_server() -> None:
     # GPU 0 is free; on GPU 1 an earlier server still holds 60 GiB: a TP=2 server must wait for both.
-    nvml = FakeNvml([FakeGpu(gpu_uuid(0), used=1 * GIB), FakeGpu(gpu_uuid(1), used=61 * GIB,
-                                                                  compute=[(4242, 60 * GIB)])], names={4242: "VLLM"})
+    nvml = FakeNvml(
+        [FakeGpu(gpu_uuid(0), used=1 * GIB), FakeGpu(gpu_uuid(1), used=61 * GIB, compute=[(4242, 60 * GIB)])],
+        names={4242: "VLLM"},
+    )
     probe = make_probe(detect_devices("0,1", nvml=nvml), nvml=nvml)
     assert wait_for_free_memory(probe, (), needed_fraction=0.9, timeout_s=0.05, poll_s=0.01) == [
         (4242, 60 * GIB, "VLLM")
@@ -635,8 +664,9 @@ def test_a_20ms_spike_between_samples_one_second_apart_is_caught(spawn: Any) -> 
     assert after < spike - 250 * MB  # the next sample starts from the RSS of now
 
 
-def test_without_a_writable_clear_refs_the_probe_reads_the_current_rss(spawn: Any,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_a_writable_clear_refs_the_probe_reads_the_current_rss(
+    spawn: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     child = spawn("short_spike.py", SHORT_SPIKE)
     expect_line(child, "ready")
     real_open = os.open

@@ -7,16 +7,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from fake_nvml import FakeGpu, FakeMig, FakeNvml, gpu_uuid, gpus, mig_uuid
+
 from pytest_vllm_mem import VLLMConfig, VLLMStartupError
 from pytest_vllm_mem import session as state_module
 from pytest_vllm_mem.gate import tier_problem
 from pytest_vllm_mem.memory import detect_devices, make_probe
 from pytest_vllm_mem.results import TestRecord
 from pytest_vllm_mem.server import LaunchSettings
-from pytest_vllm_mem.settings import Settings, UsageError
 from pytest_vllm_mem.session import ServerPool
+from pytest_vllm_mem.settings import Settings, UsageError
 from pytest_vllm_mem.state import SessionState
 from pytest_vllm_mem.units import GIB
 
@@ -25,8 +25,13 @@ from pytest_vllm_mem.units import GIB
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
     """Four H100s, the third one in MIG mode with a 40 GiB slice; the session's NVML is this fake."""
     host = FakeNvml(gpus(4))
-    host.gpus[2] = FakeGpu(gpu_uuid(2), name="NVIDIA A100-SXM4-80GB", mig_capable=True, mig_enabled=True,
-                           migs={0: FakeMig(mig_uuid(20), total=40 * GIB)})
+    host.gpus[2] = FakeGpu(
+        gpu_uuid(2),
+        name="NVIDIA A100-SXM4-80GB",
+        mig_capable=True,
+        mig_enabled=True,
+        migs={0: FakeMig(mig_uuid(20), total=40 * GIB)},
+    )
     monkeypatch.setattr(state_module, "detect_devices", lambda visible: detect_devices(visible, nvml=host))
     return host
 
@@ -39,56 +44,63 @@ def session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, visible: str | None
     return SessionState(Settings.from_values({"vllm_gpu": tier}, tmp_path))
 
 
-def test_a_tensor_parallel_config_uses_the_first_visible_gpus(fake: FakeNvml, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_tensor_parallel_config_uses_the_first_visible_gpus(
+    fake: FakeNvml, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     state = session(tmp_path, monkeypatch, "3,1,0")
     assert [device.index for device in state.devices] == [3, 1, 0]
     assert state.device.index == 3  # tier auto and the report name the first visible GPU
     assert [d.index for d in state.server_devices(VLLMConfig("m"))] == [3]
     assert [d.index for d in state.server_devices(VLLMConfig("m", tensor_parallel_size=2))] == [3, 1]
-    assert [d.index for d in state.server_devices(VLLMConfig("m", tensor_parallel_size=2,
-                                                             pipeline_parallel_size=2))] == [3, 1, 0]  # 3 visible
+    assert [
+        d.index for d in state.server_devices(VLLMConfig("m", tensor_parallel_size=2, pipeline_parallel_size=2))
+    ] == [3, 1, 0]  # 3 visible
     # A config's own CUDA_VISIBLE_DEVICES decides for its server.
     own = VLLMConfig("m", env={"CUDA_VISIBLE_DEVICES": gpu_uuid(0)[:12]}, tensor_parallel_size=1)
     assert [d.uuid for d in state.server_devices(own)] == [gpu_uuid(0)]
 
 
-def test_a_mig_slice_sizes_tier_auto_and_emulation(fake: FakeNvml, tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_mig_slice_sizes_tier_auto_and_emulation(
+    fake: FakeNvml, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     state = session(tmp_path, monkeypatch, mig_uuid(20))
     assert state.device.total_bytes == 40 * GIB and state.device.mig_index == 0
     assert state.tier.bytes == 40 * GIB  # auto: the slice, not the 80 GB card
     assert state.device_total_now(VLLMConfig("m")) == 40 * GIB
 
 
-def test_emulation_uses_the_smallest_gpu_of_the_server(fake: FakeNvml, tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_emulation_uses_the_smallest_gpu_of_the_server(
+    fake: FakeNvml, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fake.gpus[1].total = 40 * GIB  # a mixed host: the server's second GPU is the small one
     state = session(tmp_path, monkeypatch, "0,1")
     assert state.device_total_now(VLLMConfig("m")) == 80 * GIB
     assert state.device_total_now(VLLMConfig("m", tensor_parallel_size=2)) == 40 * GIB
 
 
-@pytest.mark.parametrize("visible, message", [("7", "names GPU 7, but NVML sees 4"),
-                                              ("GPU-nope", "matches no GPU UUID")])
-def test_a_wrong_cuda_visible_devices_is_a_usage_error(fake: FakeNvml, tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch, visible: str,
-                                                       message: str) -> None:
+@pytest.mark.parametrize(
+    "visible, message", [("7", "names GPU 7, but NVML sees 4"), ("GPU-nope", "matches no GPU UUID")]
+)
+def test_a_wrong_cuda_visible_devices_is_a_usage_error(
+    fake: FakeNvml, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, visible: str, message: str
+) -> None:
     state = session(tmp_path, monkeypatch, visible)
     with pytest.raises(UsageError, match=message):
-        state.device
+        _ = state.device  # the property raises
 
 
-def test_a_lost_gpu_at_session_start_is_a_usage_error_not_a_traceback(fake: FakeNvml, tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_lost_gpu_at_session_start_is_a_usage_error_not_a_traceback(
+    fake: FakeNvml, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fake.gpus[0].lost = True
     state = session(tmp_path, monkeypatch, "0")
     with pytest.raises(UsageError, match="NVML could not open a handle of GPU 0: GPU is lost"):
-        state.device
+        _ = state.device  # the property raises
 
 
-def test_the_pool_waits_for_every_gpu_of_the_server(fake: FakeNvml, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_pool_waits_for_every_gpu_of_the_server(
+    fake: FakeNvml, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # GPU 0 is free; on GPU 1 an earlier server is still exiting with 60 GiB: a TP=2 server must not start.
     fake.gpus[1].compute, fake.gpus[1].used = [(4242, 60 * GIB)], 61 * GIB
     fake.names[4242] = "VLLM::Worker"
@@ -102,8 +114,11 @@ def test_the_pool_waits_for_every_gpu_of_the_server(fake: FakeNvml, tmp_path: Pa
     monkeypatch.setattr(state_module, "launch", fake_launch)
     visible = detect_devices("0,1", nvml=fake)
     probe = make_probe(visible, nvml=fake)
-    pool = ServerPool(LaunchSettings(log_dir=tmp_path), probe,
-                      devices_for=lambda config: visible[: int(config.flag("tensor_parallel_size", 1))])
+    pool = ServerPool(
+        LaunchSettings(log_dir=tmp_path),
+        probe,
+        devices_for=lambda config: visible[: int(config.flag("tensor_parallel_size", 1))],
+    )
     tp2 = VLLMConfig("m", tensor_parallel_size=2)
     with pytest.raises(VLLMStartupError) as error:
         pool.acquire(tp2, tp2, {"requested_bytes": int(0.9 * 80 * GIB)})
@@ -119,12 +134,18 @@ def test_the_pool_waits_for_every_gpu_of_the_server(fake: FakeNvml, tmp_path: Pa
 
 
 def gpu_record(startup_per_gpu: list[int], load_per_gpu: list[int], tier_bytes: int = 24 * 10**9) -> TestRecord:
-    return TestRecord(test_id="t::tp2", config="vllm serve m", launched="vllm serve m", tier="24gb",
-                      tier_bytes=tier_bytes, device="NVIDIA H100 80GB HBM3", backend="cuda", vllm_version="0.33.0",
-                      startup={"ok": True, "peak_memory_bytes": sum(startup_per_gpu),
-                               "peak_memory_per_gpu": startup_per_gpu},
-                      loads=[{"completed": 4, "peak_memory_bytes": sum(load_per_gpu),
-                              "peak_memory_per_gpu": load_per_gpu}])
+    return TestRecord(
+        test_id="t::tp2",
+        config="vllm serve m",
+        launched="vllm serve m",
+        tier="24gb",
+        tier_bytes=tier_bytes,
+        device="NVIDIA H100 80GB HBM3",
+        backend="cuda",
+        vllm_version="0.33.0",
+        startup={"ok": True, "peak_memory_bytes": sum(startup_per_gpu), "peak_memory_per_gpu": startup_per_gpu},
+        loads=[{"completed": 4, "peak_memory_bytes": sum(load_per_gpu), "peak_memory_per_gpu": load_per_gpu}],
+    )
 
 
 def test_the_tier_gate_judges_the_fullest_gpu_not_the_sum() -> None:

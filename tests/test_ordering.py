@@ -42,8 +42,14 @@ def test_a_config_that_comes_back_moves_up_behind_its_first_test() -> None:
 
 
 def test_tests_without_a_known_config_keep_their_place() -> None:
-    items = [item("plain1", fixtures=()), item("serves[A]", A), item("start", fixtures=("vllm_start",)),
-             item("serves[B]", B), item("again[A]", A), item("plain2", fixtures=())]
+    items = [
+        item("plain1", fixtures=()),
+        item("serves[A]", A),
+        item("start", fixtures=("vllm_start",)),
+        item("serves[B]", B),
+        item("again[A]", A),
+        item("plain2", fixtures=()),
+    ]
     assert names(group_by_server_config(items)) == ["plain1", "serves[A]", "again[A]", "start", "serves[B]", "plain2"]
 
 
@@ -54,7 +60,11 @@ def test_default_config_tests_form_one_group() -> None:
 
 
 def test_equal_configs_built_separately_are_one_group() -> None:
-    items = [item("x", VLLMConfig("tiny", max_model_len=512)), item("y", B), item("z", VLLMConfig("tiny", max_model_len=512))]
+    items = [
+        item("x", VLLMConfig("tiny", max_model_len=512)),
+        item("y", B),
+        item("z", VLLMConfig("tiny", max_model_len=512)),
+    ]
     assert names(group_by_server_config(items)) == ["x", "z", "y"]
 
 
@@ -88,10 +98,14 @@ def test_again(vllm_server):
 """
 
 
-@pytest.mark.parametrize("args, expected", [
-    ((), ["test_serves[A]", "test_again[A]", "test_serves[B]", "test_plain"]),
-    (("--vllm-keep-order",), ["test_serves[A]", "test_serves[B]", "test_plain", "test_again[A]"]),
-], ids=["grouped", "keep-order"])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        ((), ["test_serves[A]", "test_again[A]", "test_serves[B]", "test_plain"]),
+        (("--vllm-keep-order",), ["test_serves[A]", "test_serves[B]", "test_plain", "test_again[A]"]),
+    ],
+    ids=["grouped", "keep-order"],
+)
 def test_collection_order(pytester: pytest.Pytester, args: tuple, expected: list) -> None:
     pytester.makepyfile(test_matrix=SUITE)
     result = pytester.runpytest("-p", "no:cacheprovider", "--collect-only", "-q", *args)

@@ -36,8 +36,9 @@ def settings(pytester: pytest.Pytester, *args: str) -> Settings:
 
 @pytest.mark.parametrize("form", ["space", "equals"])
 @pytest.mark.parametrize("name", [item.name for item in PATH_OPTIONS])
-def test_a_relative_command_line_path_resolves_against_the_invocation_folder(pytester: pytest.Pytester, name: str,
-                                                                          form: str) -> None:
+def test_a_relative_command_line_path_resolves_against_the_invocation_folder(
+    pytester: pytest.Pytester, name: str, form: str
+) -> None:
     project, tests = layout(pytester)
     flag = "--" + name.replace("_", "-")
     given = [flag, "out/x"] if form == "space" else [f"{flag}=out/x"]
@@ -48,8 +49,9 @@ def test_a_relative_command_line_path_resolves_against_the_invocation_folder(pyt
 
 @pytest.mark.parametrize("form", ["space", "equals"])
 @pytest.mark.parametrize("name", [item.name for item in PATH_OPTIONS])
-def test_an_absolute_path_outside_the_project_is_kept_in_the_equals_form(pytester: pytest.Pytester, name: str,
-                                                                      form: str) -> None:
+def test_an_absolute_path_outside_the_project_is_kept_in_the_equals_form(
+    pytester: pytest.Pytester, name: str, form: str
+) -> None:
     layout(pytester)
     outside = pytester.path / "elsewhere"  # not created: pytest ignores paths that do not exist
     flag = "--" + name.replace("_", "-")
@@ -80,6 +82,7 @@ def test_home_is_expanded(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyP
 
 
 # ---- a value that moves pytest's rootdir ----------------------------------------------------------------------------
+
 
 def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     return pytester.runpytest("-p", "no:cacheprovider", *args)
@@ -127,15 +130,16 @@ def test_a_spaced_value_pytest_does_not_root_on_is_accepted(pytester: pytest.Pyt
     layout(pytester)
     cache = pytester.path / "cache"
     cache.mkdir()
-    result = run(pytester, "test_x.py", "--vllm-cache-dir", str(cache), "--vllm-log-dir", "logs", "-v",
-                 "--vllm-gpu=24gb")
+    result = run(
+        pytester, "test_x.py", "--vllm-cache-dir", str(cache), "--vllm-log-dir", "logs", "-v", "--vllm-gpu=24gb"
+    )
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["test_x.py::test_a PASSED*"])
 
 
 # ---- end to end: the baseline and results files of a run on the stub server ----------------------------------------
 
-STUB_TEST = '''
+STUB_TEST = """
 import pytest
 from pytest_vllm_mem import VLLMConfig
 
@@ -144,20 +148,22 @@ OK = VLLMConfig("stub-model", env={"VLLM_STUB": "fake_server.py"}, max_model_len
 @pytest.mark.parametrize("vllm_config", [OK], ids=["ok"])
 def test_serves(vllm_server, vllm_load):
     assert vllm_load(num_prompts=4, concurrency=2, max_tokens=4).ok
-'''
+"""
 
 
 @pytest.mark.parametrize("form", ["space", "equals"])
-def test_baseline_and_results_land_in_the_invocation_folder(pytester: pytest.Pytester,
-                                                           monkeypatch: pytest.MonkeyPatch, form: str) -> None:
+def test_baseline_and_results_land_in_the_invocation_folder(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, form: str
+) -> None:
     project, tests = layout(pytester)
     (tests / "test_x.py").write_text(STUB_TEST)
     for key, value in STUB_ENV.items():
         monkeypatch.setenv(key, value)
 
     common = [*stub_args(pytester.path / "cache"), "--vllm-log-dir=logs", "-p", "no:cacheprovider", "test_x.py"]
-    first = pytester.runpytest_subprocess(*common, *written(form, results="r.json", baseline="b.json"),
-                                          "--vllm-update-baseline", timeout=120)
+    first = pytester.runpytest_subprocess(
+        *common, *written(form, results="r.json", baseline="b.json"), "--vllm-update-baseline", timeout=120
+    )
     first.assert_outcomes(passed=1)
     written_line = [line for line in first.stdout.lines if line.startswith("baseline: wrote 1 entries")]
     assert written_line and written_line[0].endswith(f" to {tests / 'b.json'}")
@@ -168,8 +174,9 @@ def test_baseline_and_results_land_in_the_invocation_folder(pytester: pytest.Pyt
 
     # The next run, in the other form, compares with that entry: the same file and the same test id.
     other = "equals" if form == "space" else "space"
-    second = pytester.runpytest_subprocess(*common, *written(other, results="r2.json", baseline="b.json"),
-                                           "--vllm-require-baseline", timeout=120)
+    second = pytester.runpytest_subprocess(
+        *common, *written(other, results="r2.json", baseline="b.json"), "--vllm-require-baseline", timeout=120
+    )
     # It found the entry (--vllm-require-baseline fails a test without one); it may still fail on the stub's
     # throughput noise, a comparison all the same.
     assert "no baseline" not in second.stdout.str(), second.stdout.str()

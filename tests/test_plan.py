@@ -28,24 +28,70 @@ from pytest_vllm_mem.plan import (
 )
 
 # Public config.json figures (Hugging Face model cards), trimmed to what the plan reads.
-LLAMA2_7B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-             "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
-             "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096,
-             "torch_dtype": "float16", "tie_word_embeddings": False}
-LLAMA3_8B = {**LLAMA2_7B, "intermediate_size": 14336, "num_key_value_heads": 8, "vocab_size": 128256,
-             "max_position_embeddings": 8192, "torch_dtype": "bfloat16"}
-LLAMA3_70B = {**LLAMA3_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
-              "num_attention_heads": 64}
-DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
-               "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
-               "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
-               "q_lora_rank": 1536, "intermediate_size": 18432, "moe_intermediate_size": 2048,
-               "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
-               "vocab_size": 129280, "max_position_embeddings": 163840, "torch_dtype": "bfloat16"}
-GEMMA2_9B = {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_size": 3584,
-             "intermediate_size": 14336, "num_hidden_layers": 42, "num_attention_heads": 16,
-             "num_key_value_heads": 8, "head_dim": 256, "vocab_size": 256000, "sliding_window": 4096,
-             "max_position_embeddings": 8192, "torch_dtype": "bfloat16"}
+LLAMA2_7B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "torch_dtype": "float16",
+    "tie_word_embeddings": False,
+}
+LLAMA3_8B = {
+    **LLAMA2_7B,
+    "intermediate_size": 14336,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "torch_dtype": "bfloat16",
+}
+LLAMA3_70B = {
+    **LLAMA3_8B,
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+}
+DEEPSEEK_V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128,
+    "v_head_dim": 128,
+    "q_lora_rank": 1536,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3,
+    "vocab_size": 129280,
+    "max_position_embeddings": 163840,
+    "torch_dtype": "bfloat16",
+}
+GEMMA2_9B = {
+    "architectures": ["Gemma2ForCausalLM"],
+    "model_type": "gemma2",
+    "hidden_size": 3584,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 42,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 256,
+    "vocab_size": 256000,
+    "sliding_window": 4096,
+    "max_position_embeddings": 8192,
+    "torch_dtype": "bfloat16",
+}
 
 
 def info(config: dict, name: str = "m"):  # type: ignore[no-untyped-def]
@@ -90,8 +136,9 @@ def test_architecture_weights_match_logged_loading_figures() -> None:
 
 
 def test_safetensors_header_sizes_without_reading_data(tmp_path: Path) -> None:
-    write_safetensors(tmp_path / "model-00001.safetensors",
-                      {"a.weight": ("BF16", [64, 32], 2), "b.qweight": ("I32", [16, 32], 4)})
+    write_safetensors(
+        tmp_path / "model-00001.safetensors", {"a.weight": ("BF16", [64, 32], 2), "b.qweight": ("I32", [16, 32], 4)}
+    )
     write_safetensors(tmp_path / "model-00002.safetensors", {"c.weight": ("F32", [10], 4)})
     assert read_safetensors_header(tmp_path / "model-00002.safetensors")["c.weight"]["shape"] == [10]
     ckpt = checkpoint_bytes(tmp_path)
@@ -137,9 +184,11 @@ def test_hf_cache_snapshot_is_found_and_the_hub_never_asked(tmp_path: Path, monk
 
 def test_example_suite_ladder_on_24gb_and_the_known_bad_config() -> None:
     llama = info(LLAMA2_7B)
-    for flags in ({"gpu_memory_utilization": 0.8, "max_model_len": 2048},
-                  {"gpu_memory_utilization": 0.8, "enforce_eager": True},
-                  {"gpu_memory_utilization": 0.75, "max_model_len": 4096, "enforce_eager": True}):
+    for flags in (
+        {"gpu_memory_utilization": 0.8, "max_model_len": 2048},
+        {"gpu_memory_utilization": 0.8, "enforce_eager": True},
+        {"gpu_memory_utilization": 0.75, "max_model_len": 4096, "enforce_eager": True},
+    ):
         assert plan(llama, flags, gpu(24), vllm_version="0.33.0").verdict == "fits", flags
     # A (0.7, 4,096 tokens, graphs) leaves about the 2 GiB one sequence needs: the plan says it cannot be sure.
     assert not plan(llama, {"gpu_memory_utilization": 0.7}, gpu(24), vllm_version="0.33.0").sure
@@ -161,8 +210,9 @@ def test_calibration_makes_kv_exact_and_tokens_follow_vllms_block_count() -> Non
     # Llama-3-8B on an 80 GiB card (vLLM 0.8 log): requested 71.33 GiB, weights 14.99, non-torch 0.23,
     # activation 4.34 -> 51.77 GiB of KV cache = 424,096 tokens at 128 KiB per token (16-token blocks).
     card = Card("cuda", "H100", int(79.25 * GIB))
-    cal = Calibration(activation_bytes=int(4.34 * GIB), non_torch_bytes=int(0.23 * GIB), graph_bytes=0,
-                      weights_bytes=int(14.99 * GIB))
+    cal = Calibration(
+        activation_bytes=int(4.34 * GIB), non_torch_bytes=int(0.23 * GIB), graph_bytes=0, weights_bytes=int(14.99 * GIB)
+    )
     result = plan(info(LLAMA3_8B), {"gpu_memory_utilization": 0.9}, card, vllm_version="0.8.5", calibration=cal)
     assert result.kv_bytes.low == result.kv_bytes.high
     assert result.kv_bytes.value / GIB == pytest.approx(51.77, abs=0.01)
@@ -170,9 +220,19 @@ def test_calibration_makes_kv_exact_and_tokens_follow_vllms_block_count() -> Non
 
 
 def test_cpu_plan_with_kvcache_space_is_exact() -> None:
-    tiny = info({**LLAMA2_7B, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
-                 "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 3072,
-                 "max_position_embeddings": 32768, "torch_dtype": "bfloat16"})
+    tiny = info(
+        {
+            **LLAMA2_7B,
+            "hidden_size": 256,
+            "intermediate_size": 512,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "vocab_size": 3072,
+            "max_position_embeddings": 32768,
+            "torch_dtype": "bfloat16",
+        }
+    )
     card = Card("cpu", "node 0", int(10.46 * GIB), available_bytes=9 * GIB)
     result = plan(tiny, {"max_model_len": 2048}, card, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     assert result.kv_bytes_per_token == 1024 and result.block_size == 128

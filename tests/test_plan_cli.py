@@ -20,11 +20,27 @@ def llama_folder(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_plan_command_prints_terms_ladder_and_exit_code(llama_folder: Path, tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_command_prints_terms_ladder_and_exit_code(
+    llama_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out_json = tmp_path / "plan.json"
-    code = main(["plan", "--model", str(llama_folder), "--tier", "24gb", "--vllm-version", "0.33.0",
-                 "--flag", "gpu_memory_utilization=0.65", "--flag", "max_model_len=4096", "--json", str(out_json)])
+    code = main(
+        [
+            "plan",
+            "--model",
+            str(llama_folder),
+            "--tier",
+            "24gb",
+            "--vllm-version",
+            "0.33.0",
+            "--flag",
+            "gpu_memory_utilization=0.65",
+            "--flag",
+            "max_model_len=4096",
+            "--json",
+            str(out_json),
+        ]
+    )
     text = capsys.readouterr().out
     assert code == 1 and "kv_cache_insufficient" in text and "longest context that fits" in text
     for rung in ("A-util0.7", "B-len2048", "C-eager", "D-combined"):
@@ -32,8 +48,22 @@ def test_plan_command_prints_terms_ladder_and_exit_code(llama_folder: Path, tmp_
     document = json.loads(out_json.read_text())
     assert document["plan"]["verdict"] == "kv_cache_insufficient"
     assert [r["rung"] for r in document["ladder"]] == ["A-util0.7", "B-len2048", "C-eager", "D-combined"]
-    assert main(["plan", "--model", str(llama_folder), "--tier", "24gb", "--flag", "max_model_len=2048",
-                 "--flag", "gpu_memory_utilization=0.8"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                str(llama_folder),
+                "--tier",
+                "24gb",
+                "--flag",
+                "max_model_len=2048",
+                "--flag",
+                "gpu_memory_utilization=0.8",
+            ]
+        )
+        == 0
+    )
 
 
 def test_plan_command_bad_input_is_one_paragraph(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -56,13 +86,23 @@ def test_calibration_round_trip_makes_the_next_plan_exact(tmp_path: Path) -> Non
     store = CalibrationStore(tmp_path / "calibration.json")
     key = calibration_key("llama", "0.33.0", "NVIDIA L4")
     store.put(key, cal)
-    again = plan(info, {"gpu_memory_utilization": 0.9, "max_model_len": 4096}, card, vllm_version="0.33.0",
-                 calibration=store.get(key))
+    again = plan(
+        info,
+        {"gpu_memory_utilization": 0.9, "max_model_len": 4096},
+        card,
+        vllm_version="0.33.0",
+        calibration=store.get(key),
+    )
     assert again.kv_bytes.low == again.kv_bytes.high
     assert again.kv_bytes.value / GIB == pytest.approx(5.02, abs=0.01)
     # Another utilization: the overheads carry over, the KV budget moves by exactly the extra requested memory.
-    lower = plan(info, {"gpu_memory_utilization": 0.85, "max_model_len": 4096}, card, vllm_version="0.33.0",
-                 calibration=store.find("llama", "0.33.0", {}))
+    lower = plan(
+        info,
+        {"gpu_memory_utilization": 0.85, "max_model_len": 4096},
+        card,
+        vllm_version="0.33.0",
+        calibration=store.find("llama", "0.33.0", {}),
+    )
     assert lower.kv_bytes.value / GIB == pytest.approx(5.02 - 0.05 * 22.03, abs=0.01)
     assert store.get(calibration_key("llama", "0.32.0", "NVIDIA L4")) is None
 

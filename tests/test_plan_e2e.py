@@ -8,7 +8,7 @@ from e2e import record, run_inner
 
 pytestmark = pytest.mark.e2e
 
-INNER = '''
+INNER = """
 import pytest
 from pytest_vllm_mem import VLLMConfig
 
@@ -18,7 +18,7 @@ SECOND = VLLMConfig("tiny", gpu_memory_utilization=0.12, max_model_len=2048)
 @pytest.mark.parametrize("vllm_config", [FIRST, SECOND], ids=["first", "second"])
 def test_serves(vllm_server, vllm_load):
     assert vllm_load(num_prompts=8, concurrency=4, max_tokens=8).ok
-'''
+"""
 
 
 def test_plan_beside_measured_and_calibrated_from_the_first_startup(pytester: pytest.Pytester) -> None:

@@ -10,7 +10,7 @@ from test_plan import LLAMA2_7B
 
 from pytest_vllm_mem.preflight import kv_cell, preflight_tier
 
-SUITE = '''
+SUITE = """
 import pytest
 from pytest_vllm_mem import VLLMConfig, VLLMStartupError
 
@@ -44,7 +44,7 @@ def test_known_bad(vllm_start):
 @pytest.mark.parametrize("vllm_config", [FITS], ids=["small"])
 def test_small_card(vllm_server, vllm_load):
     assert vllm_load().ok
-'''
+"""
 
 
 @pytest.fixture
@@ -59,8 +59,9 @@ def suite(pytester: pytest.Pytester, tmp_path: Path) -> pytest.Pytester:
 def test_preflight_plans_the_whole_matrix_without_a_server(suite: pytest.Pytester, tmp_path: Path) -> None:
     results = tmp_path / "results.json"
     markdown = tmp_path / "summary.md"
-    run = suite.runpytest("-p", "no:cacheprovider", "--vllm-preflight", f"--vllm-results={results}",
-                          f"--vllm-markdown={markdown}")
+    run = suite.runpytest(
+        "-p", "no:cacheprovider", "--vllm-preflight", f"--vllm-results={results}", f"--vllm-markdown={markdown}"
+    )
     # 24gb: fits (planned), too long (fails with the predicted kind), the known-bad test passes as in a real run;
     # the 8gb-only test runs on its own tier (7.45 GiB: fp16 weights of 12.55 GiB do not fit).
     run.assert_outcomes(passed=2, failed=2)

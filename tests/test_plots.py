@@ -11,10 +11,10 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from pytest_vllm_mem import plots  # noqa: E402
-from pytest_vllm_mem.config import VLLMConfig  # noqa: E402
-from pytest_vllm_mem.diagnose import StartupMemory  # noqa: E402
-from pytest_vllm_mem.plots import (  # noqa: E402
+from pytest_vllm_mem import plots
+from pytest_vllm_mem.config import VLLMConfig
+from pytest_vllm_mem.diagnose import StartupMemory
+from pytest_vllm_mem.plots import (
     log_event_times,
     phase_windows,
     plot_filename,
@@ -45,8 +45,14 @@ def startup_and_loads() -> tuple[list[tuple[float, int]], list[tuple[str, float]
         if 41 <= t <= 44 or 45 <= t <= 48:
             used += GIB * 0.5
         samples.append((T0 + t, int(used)))
-    markers = [("launch", T0), ("healthy", T0 + 40.5), ("load 1", T0 + 41), ("load end", T0 + 44),
-               ("load 2", T0 + 45), ("load end", T0 + 48)]
+    markers = [
+        ("launch", T0),
+        ("healthy", T0 + 40.5),
+        ("load 1", T0 + 41),
+        ("load end", T0 + 44),
+        ("load 2", T0 + 45),
+        ("load end", T0 + 48),
+    ]
     return samples, markers
 
 
@@ -64,21 +70,32 @@ def drawn_texts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def test_plot_timeline_writes_a_1000x450_png(tmp_path: Path) -> None:
     samples, markers = startup_and_loads()
-    path = plot_timeline(samples, markers, path=tmp_path / "sub" / "t.png", title="tiny gmu=0.5",
-                         tier_bytes=8 * 10**9, tier_label="8gb", phases={"weights loaded": 12.5},
-                         breakdown={"weights": 1.5, "KV cache": 3.2})
+    path = plot_timeline(
+        samples,
+        markers,
+        path=tmp_path / "sub" / "t.png",
+        title="tiny gmu=0.5",
+        tier_bytes=8 * 10**9,
+        tier_label="8gb",
+        phases={"weights loaded": 12.5},
+        breakdown={"weights": 1.5, "KV cache": 3.2},
+    )
     assert path == tmp_path / "sub" / "t.png"
     assert png_size(path) == (1000, 450)
     assert not list(path.parent.glob(".*.tmp")), "the temporary file was replaced into place"
 
 
-@pytest.mark.parametrize("samples, markers", [
-    ([], []),  # the sampler recorded nothing
-    ([], [("launch", T0), ("healthy", T0 + 3)]),
-    ([(T0 + 1, GIB)], []),  # one sample, no markers
-    ([(T0, GIB), (T0 + 1, 2 * GIB)], [("launch", T0), ("load 1", T0 + 0.5)]),  # load never ended
-    ([(T0, 0), (T0 + 1, 0)], [("launch", T0), ("healthy", T0 + 0.2)]),  # all zero: y range must not collapse
-], ids=["empty", "markers-only", "one-sample", "unfinished-load", "all-zero"])
+@pytest.mark.parametrize(
+    "samples, markers",
+    [
+        ([], []),  # the sampler recorded nothing
+        ([], [("launch", T0), ("healthy", T0 + 3)]),
+        ([(T0 + 1, GIB)], []),  # one sample, no markers
+        ([(T0, GIB), (T0 + 1, 2 * GIB)], [("launch", T0), ("load 1", T0 + 0.5)]),  # load never ended
+        ([(T0, 0), (T0 + 1, 0)], [("launch", T0), ("healthy", T0 + 0.2)]),  # all zero: y range must not collapse
+    ],
+    ids=["empty", "markers-only", "one-sample", "unfinished-load", "all-zero"],
+)
 def test_plot_timeline_degenerate_inputs_still_plot(tmp_path: Path, samples, markers) -> None:
     path = plot_timeline(samples, markers, path=tmp_path / "t.png", title="t", tier_bytes=None, tier_label=None)
     assert png_size(path) == (1000, 450)
@@ -106,8 +123,9 @@ def test_tier_far_above_the_peak_is_noted_not_drawn(tmp_path: Path, monkeypatch:
     original = Axes.axhline
     monkeypatch.setattr(Axes, "axhline", lambda self, y=0, *a, **k: lines.append(y) or original(self, y, *a, **k))
     samples = [(T0 + i, GIB) for i in range(10)]
-    plot_timeline(samples, [("launch", T0)], path=tmp_path / "t.png", title="t", tier_bytes=141 * 10**9,
-                  tier_label="141gb")
+    plot_timeline(
+        samples, [("launch", T0)], path=tmp_path / "t.png", title="t", tier_bytes=141 * 10**9, tier_label="141gb"
+    )
     assert lines == []
 
 
@@ -119,26 +137,35 @@ def test_phase_windows_pair_each_load_with_the_next_load_end() -> None:
     markers = [("launch", 10.0), ("healthy", 40.0), ("load 1", 41.0), ("load end", 43.0), ("load 2", 50.0)]
     windows = phase_windows(markers, origin=10.0, last=60.0)
     assert [(w.label, w.start, w.end) for w in windows] == [
-        ("startup 30 s", 0.0, 30.0), ("load 1", 31.0, 33.0), ("load 2 (unfinished)", 40.0, 50.0)]
+        ("startup 30 s", 0.0, 30.0),
+        ("load 1", 31.0, 33.0),
+        ("load 2 (unfinished)", 40.0, 50.0),
+    ]
     assert windows[1].color != windows[2].color
     assert phase_windows([("launch", 0.0)], 0.0, 5.0)[0].label == "startup (never healthy)"
 
 
 def test_log_event_times_come_from_the_line_stamps() -> None:
     launch_wall = time.mktime((2025, 11, 30, 4, 58, 40, 0, 0, -1))
-    log = "\n".join([
-        "(APIServer pid=1) INFO 11-30 04:58:46 [api_utils.py:286] non-default args: {}",
-        "(Worker pid=3) INFO 11-30 04:58:57 [cpu_model_runner.py:68] Starting to load model tiny...",
-        "\x1b[1;36m(Worker pid=3)\x1b[0;0m INFO 11-30 04:58:58 [default_loader.py:501] Loading weights took 0.00 s",
-        "(Worker pid=3) INFO 11-30 04:59:03 [cpu_worker.py:260] Explicitly set (1.0/10.46) GiB for KV cache on node 0.",
-        "(EngineCore pid=2) INFO 11-30 04:59:05 [core.py:402] init engine (profile, create kv cache, warmup model) "
-        "took 6.96 s",
-        "(EngineCore pid=2) INFO 11-30 04:59:06 [core.py:402] init engine (profile, create kv cache, warmup model) "
-        "took 1.00 s",  # a second occurrence: the first one counts
-        "init engine (profile, create kv cache, warmup model) took 6.96 s",  # no stamp: ignored
-    ])
+    log = "\n".join(
+        [
+            "(APIServer pid=1) INFO 11-30 04:58:46 [api_utils.py:286] non-default args: {}",
+            "(Worker pid=3) INFO 11-30 04:58:57 [cpu_model_runner.py:68] Starting to load model tiny...",
+            "\x1b[1;36m(Worker pid=3)\x1b[0;0m INFO 11-30 04:58:58 [default_loader.py:501] Loading weights took 0.00 s",
+            "(Worker pid=3) INFO 11-30 04:59:03 [cpu_worker.py:260] Explicitly set (1.0/10.46) GiB for KV cache on node 0.",
+            "(EngineCore pid=2) INFO 11-30 04:59:05 [core.py:402] init engine (profile, create kv cache, warmup model) "
+            "took 6.96 s",
+            "(EngineCore pid=2) INFO 11-30 04:59:06 [core.py:402] init engine (profile, create kv cache, warmup model) "
+            "took 1.00 s",  # a second occurrence: the first one counts
+            "init engine (profile, create kv cache, warmup model) took 6.96 s",  # no stamp: ignored
+        ]
+    )
     assert log_event_times(log, launch_wall) == {
-        "weights loading": 17.5, "weights loaded": 18.5, "KV cache sized": 23.5, "engine ready": 25.5}
+        "weights loading": 17.5,
+        "weights loaded": 18.5,
+        "KV cache sized": 23.5,
+        "engine ready": 25.5,
+    }
 
 
 def test_log_event_times_drop_stamps_from_before_the_launch() -> None:
@@ -148,10 +175,20 @@ def test_log_event_times_drop_stamps_from_before_the_launch() -> None:
 
 
 def test_startup_breakdown_lists_what_vllm_printed() -> None:
-    memory = StartupMemory(weights_gib=12.55, weights_load_s=5.1, kv_cache_gib=6.42, graph_capture_gib=0.53,
-                           graph_capture_s=12.0, requested_gib=20.1)
-    assert startup_breakdown(memory) == {"weights (5 s)": 12.55, "KV cache": 6.42, "CUDA graphs (12 s)": 0.53,
-                                         "requested": 20.1}
+    memory = StartupMemory(
+        weights_gib=12.55,
+        weights_load_s=5.1,
+        kv_cache_gib=6.42,
+        graph_capture_gib=0.53,
+        graph_capture_s=12.0,
+        requested_gib=20.1,
+    )
+    assert startup_breakdown(memory) == {
+        "weights (5 s)": 12.55,
+        "KV cache": 6.42,
+        "CUDA graphs (12 s)": 0.53,
+        "requested": 20.1,
+    }
     assert startup_breakdown({"kv_cache_gib": 0.04, "non_kv_gib": 0.71}) == {"KV cache": 0.04, "non-KV total": 0.71}
     assert startup_breakdown(None) == {}
 
@@ -159,17 +196,31 @@ def test_startup_breakdown_lists_what_vllm_printed() -> None:
 # -- plot_record ------------------------------------------------------------------------------------------------------
 
 
-def fake_server(pid: int = 4242, config: VLLMConfig | None = None, *, log: str = "",
-                memory: StartupMemory | None = None) -> SimpleNamespace:
+def fake_server(
+    pid: int = 4242, config: VLLMConfig | None = None, *, log: str = "", memory: StartupMemory | None = None
+) -> SimpleNamespace:
     samples, markers = startup_and_loads()
     config = config or VLLMConfig("org/Model-7B", gpu_memory_utilization=0.5, max_model_len=1024)
-    return SimpleNamespace(config=config, launched=config, pid=pid, started_at=T0, memory=memory,
-                           sampler=SimpleNamespace(samples=samples, markers=markers), log_text=lambda: log)
+    return SimpleNamespace(
+        config=config,
+        launched=config,
+        pid=pid,
+        started_at=T0,
+        memory=memory,
+        sampler=SimpleNamespace(samples=samples, markers=markers),
+        log_text=lambda: log,
+    )
 
 
 def fake_record(**changes) -> SimpleNamespace:
-    record = SimpleNamespace(test_id="tests/test_a.py::test_x[A]", tier="24gb",
-                             tier_bytes=24 * 10**9, device="NVIDIA L4", backend="cuda", failure=None)
+    record = SimpleNamespace(
+        test_id="tests/test_a.py::test_x[A]",
+        tier="24gb",
+        tier_bytes=24 * 10**9,
+        device="NVIDIA L4",
+        backend="cuda",
+        failure=None,
+    )
     for name, value in changes.items():
         setattr(record, name, value)
     return record
@@ -194,8 +245,7 @@ def test_tests_sharing_a_server_share_one_file(tmp_path: Path) -> None:
 def test_plot_record_cpu_failed_and_startup_error(tmp_path: Path) -> None:
     server = fake_server(config=VLLMConfig("tiny"))
     # A failed startup: the stopped server, its record failed.
-    path = plot_record(fake_record(backend="cpu", tier_bytes=0, failure={"kind": "host_memory"}), server,
-                       tmp_path)
+    path = plot_record(fake_record(backend="cpu", tier_bytes=0, failure={"kind": "host_memory"}), server, tmp_path)
     assert path.name == "4242-tiny-defaults.png" and png_size(path) == (1000, 450)
 
 
@@ -219,7 +269,8 @@ def test_plot_record_without_server_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_missing_matplotlib_raises_import_error_with_the_install_command(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import sys
 
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import of a None entry raises ImportError

@@ -54,8 +54,15 @@ def test_bare_number_tier_is_a_usage_error(pytester: pytest.Pytester) -> None:
 def test_unknown_tolerance_metric_is_a_usage_error(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_inner_a="def test_a(): pass")
     result = run(pytester, "--vllm-tolerance", "bogus=5%")
-    assert_usage_error(result, "--vllm-tolerance", "unknown metric 'bogus'", "Known metrics:", "output_throughput",
-                       "load_peak_memory", "ttft_p99")
+    assert_usage_error(
+        result,
+        "--vllm-tolerance",
+        "unknown metric 'bogus'",
+        "Known metrics:",
+        "output_throughput",
+        "load_peak_memory",
+        "ttft_p99",
+    )
 
 
 def test_bad_tolerance_value_is_a_usage_error(pytester: pytest.Pytester) -> None:
@@ -70,23 +77,28 @@ def test_bad_tolerance_in_the_ini_names_the_ini_key(pytester: pytest.Pytester) -
     assert_usage_error(run(pytester), "ini vllm_tolerance", "unknown metric 'bogus'")
 
 
-@pytest.mark.parametrize(("option", "fragment"), [
-    ("--vllm-max-servers=0", "must be greater than 0"),
-    ("--vllm-startup-timeout=soon", "expected a number"),
-])
+@pytest.mark.parametrize(
+    ("option", "fragment"),
+    [
+        ("--vllm-max-servers=0", "must be greater than 0"),
+        ("--vllm-startup-timeout=soon", "expected a number"),
+    ],
+)
 def test_bad_numbers_are_usage_errors(pytester: pytest.Pytester, option: str, fragment: str) -> None:
     pytester.makepyfile(test_inner_a="def test_a(): pass")
     assert_usage_error(run(pytester, option), option.split("=")[0], fragment)
 
 
 def test_bad_tier_marker_is_a_usage_error(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_inner_a="""
+    pytester.makepyfile(
+        test_inner_a="""
         import pytest
 
         @pytest.mark.vllm_tier("huge")
         def test_a():
             pass
-    """)
+    """
+    )
     assert_usage_error(run(pytester, "--vllm-gpu=24gb"), "@pytest.mark.vllm_tier on test_inner_a.py::test_a", "'huge'")
 
 
@@ -105,19 +117,22 @@ def test_max_tier_marker_skips_larger_tiers(pytester: pytest.Pytester) -> None:
 
 
 def test_markers_are_registered(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_inner_a="""
+    pytester.makepyfile(
+        test_inner_a="""
         import pytest
 
         @pytest.mark.vllm_tier("24gb")
         @pytest.mark.vllm_tolerance(output_throughput="20%")
         def test_a():
             pass
-    """)
+    """
+    )
     result = run(pytester, "--strict-markers", "--vllm-gpu=8gb")
     result.assert_outcomes(skipped=1)
     markers = run(pytester, "--markers")
-    markers.stdout.fnmatch_lines(["@pytest.mark.vllm_tier(min=None, *, max=None):*",
-                                  "@pytest.mark.vllm_tolerance(**metrics):*"])
+    markers.stdout.fnmatch_lines(
+        ["@pytest.mark.vllm_tier(min=None, *, max=None):*", "@pytest.mark.vllm_tolerance(**metrics):*"]
+    )
 
 
 def test_marker_selection(pytester: pytest.Pytester) -> None:
@@ -182,7 +197,7 @@ def test_every_settings_field_is_an_option_of_its_annotated_type(tmp_path: Path)
         allowed = typing.get_args(hints[item.name]) or (hints[item.name],)
         assert KIND_TYPES[item.kind] in allowed, item.name
         value = getattr(defaults, item.name)
-        assert value is None and type(None) in allowed or isinstance(value, KIND_TYPES[item.kind]), item.name
+        assert (value is None and type(None) in allowed) or isinstance(value, KIND_TYPES[item.kind]), item.name
 
 
 def test_outside_pytest_values_convert_like_command_line_values(tmp_path: Path) -> None:

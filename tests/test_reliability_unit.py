@@ -19,16 +19,25 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from e2e import TOKEN_VAR, processes_with_token, record, run_inner
+from stubs.helpers import (
+    FAKE_PYTHON,
+    STUB_ENV,
+    Figures,
+    kill_quietly,
+    popen_pytest,
+    running,
+    stub_args,
+    tree_pids,
+    wait_gone,
+)
+
 from pytest_vllm_mem import VLLMConfig, VLLMStartupError
 from pytest_vllm_mem import server as server_module
 from pytest_vllm_mem.measure import measured_load
 from pytest_vllm_mem.memory import detect_device, make_probe
 from pytest_vllm_mem.server import LaunchSettings, free_port, launch, stop_all_servers
 from pytest_vllm_mem.session import ServerPool
-from stubs.helpers import (FAKE_PYTHON, STUB_ENV, Figures, kill_quietly, popen_pytest, running, stub_args,
-                           tree_pids, wait_gone)
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pytest_vllm_mem"
 FIGURES = Figures()
@@ -54,8 +63,13 @@ def stub_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def settings(tmp_path: Path, **overrides) -> LaunchSettings:
-    values = {"python": str(FAKE_PYTHON), "log_dir": tmp_path / "logs", "startup_timeout_s": 30.0,
-              "stop_grace_s": 5.0, "health_poll_s": 0.1}
+    values = {
+        "python": str(FAKE_PYTHON),
+        "log_dir": tmp_path / "logs",
+        "startup_timeout_s": 30.0,
+        "stop_grace_s": 5.0,
+        "health_poll_s": 0.1,
+    }
     return LaunchSettings(**{**values, **overrides})
 
 
@@ -76,6 +90,7 @@ def listening_addresses(pids) -> set[str]:
 
 
 # --- Safety: loopback only, no shell --------------------------------------------------------------------------------
+
 
 def test_free_port_gives_distinct_usable_loopback_ports() -> None:
     ports = [free_port() for _ in range(20)]
@@ -101,8 +116,13 @@ def test_the_package_never_starts_a_shell() -> None:
 def test_launch_binds_loopback_and_passes_hostile_values_unchanged(tmp_path, probe, stub_env) -> None:
     marker = tmp_path / "pwned"
     hostile = [f"$(touch {marker})", f"; touch {marker}; echo", f"`touch {marker}`"]
-    config = VLLMConfig("stub-model", env=stub("fake_server.py"), chat_template=hostile[0],
-                        served_model_name=hostile[1], hf_token=hostile[2])
+    config = VLLMConfig(
+        "stub-model",
+        env=stub("fake_server.py"),
+        chat_template=hostile[0],
+        served_model_name=hostile[1],
+        hf_token=hostile[2],
+    )
     server = launch(config, config, settings(tmp_path), probe)
     try:
         argv = psutil.Process(server.pid).cmdline()
@@ -118,6 +138,7 @@ def test_launch_binds_loopback_and_passes_hostile_values_unchanged(tmp_path, pro
 
 
 # --- Hangs and stubborn processes -----------------------------------------------------------------------------------
+
 
 def test_startup_hang_times_out_and_stops_the_whole_tree(tmp_path, probe, stub_env) -> None:
     pids_file = tmp_path / "hang.pids"
@@ -139,8 +160,7 @@ def test_startup_hang_times_out_and_stops_the_whole_tree(tmp_path, probe, stub_e
 
 def test_server_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path, probe, stub_env) -> None:
     pids_file = tmp_path / "hang.pids"
-    config = VLLMConfig("stub-model", env=stub("hang_server.py", HANG_PIDS_FILE=str(pids_file),
-                                                HANG_IGNORE_TERM="1"))
+    config = VLLMConfig("stub-model", env=stub("hang_server.py", HANG_PIDS_FILE=str(pids_file), HANG_IGNORE_TERM="1"))
     started = time.monotonic()
     with pytest.raises(VLLMStartupError):
         launch(config, config, settings(tmp_path, startup_timeout_s=1.0, stop_grace_s=1.0), probe)
@@ -166,6 +186,7 @@ def test_stop_is_idempotent_and_quick_for_a_dead_server(tmp_path, probe, stub_en
 
 # --- Ports ----------------------------------------------------------------------------------------------------------
 
+
 def test_a_taken_port_is_retried_on_a_fresh_one(tmp_path, probe, stub_env, monkeypatch) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
         held.bind(("127.0.0.1", 0))
@@ -183,8 +204,7 @@ def test_a_taken_port_is_retried_on_a_fresh_one(tmp_path, probe, stub_env, monke
     FIGURES.fault("port taken between free_port() and the server's bind")
 
 
-def test_a_port_that_stays_taken_fails_as_a_crash_naming_the_port_error(tmp_path, probe, stub_env,
-                                                                        monkeypatch) -> None:
+def test_a_port_that_stays_taken_fails_as_a_crash_naming_the_port_error(tmp_path, probe, stub_env, monkeypatch) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
         held.bind(("127.0.0.1", 0))  # bound, not listening: the bind fails, health probes are refused at once
         monkeypatch.setattr(server_module, "free_port", lambda: held.getsockname()[1])
@@ -197,6 +217,7 @@ def test_a_port_that_stays_taken_fails_as_a_crash_naming_the_port_error(tmp_path
 
 
 # --- Engine death ---------------------------------------------------------------------------------------------------
+
 
 def sleeper() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
@@ -238,10 +259,7 @@ def test_a_dead_engine_fails_the_load_at_once_and_the_pool_replaces_the_server(t
 
 def test_live_registry_lock_is_reentrant_for_the_sigterm_handler() -> None:
     """The SIGTERM handler stops servers on the main thread, which may be inside `with _LIVE_LOCK` already."""
-    code = ("from pytest_vllm_mem import server\n"
-            "with server._LIVE_LOCK:\n"
-            "    server.stop_all_servers()\n"
-            "print('ok')\n")
+    code = "from pytest_vllm_mem import server\nwith server._LIVE_LOCK:\n    server.stop_all_servers()\nprint('ok')\n"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "ok", done.stderr
 
@@ -255,7 +273,7 @@ def test_stop_all_servers_reports_only_live_ones(tmp_path, probe, stub_env) -> N
 
 # --- Inner pytest sessions on stubs ---------------------------------------------------------------------------------
 
-STUB_CONFIGS = '''
+STUB_CONFIGS = """
 import os
 from pathlib import Path
 import pytest
@@ -265,7 +283,7 @@ from pytest_vllm_mem.state import state_key
 OK = VLLMConfig("stub-model", env={"VLLM_STUB": "fake_server.py"}, max_model_len=1024)
 HANG = VLLMConfig("stub-model", env={"VLLM_STUB": "hang_server.py", "HANG_PIDS_FILE": os.path.abspath("hang.pids")},
                   max_model_len=1024)
-'''
+"""
 
 
 def inner(pytester: pytest.Pytester, body: str, *args: str, timeout: float = 120) -> tuple[pytest.RunResult, dict]:
@@ -274,11 +292,11 @@ def inner(pytester: pytest.Pytester, body: str, *args: str, timeout: float = 120
 
 
 def test_hang_at_startup_fails_the_test_as_timeout_with_the_log_tail(pytester: pytest.Pytester) -> None:
-    body = '''
+    body = """
 @pytest.mark.parametrize("vllm_config", [HANG], ids=["hang"])
 def test_hangs(vllm_server):
     pass
-'''
+"""
     started = time.monotonic()
     result, data = inner(pytester, body, "--vllm-startup-timeout=5")
     elapsed = time.monotonic() - started
@@ -295,8 +313,9 @@ def test_hangs(vllm_server):
     FIGURES.fault("startup hang (inner session, --vllm-startup-timeout=5)", elapsed - 5)
 
 
-def interrupt_inner(pytester: pytest.Pytester, sig: int, body: str, pid_files: list[str],
-                    *args: str) -> tuple[int, str, float, list[int]]:
+def interrupt_inner(
+    pytester: pytest.Pytester, sig: int, body: str, pid_files: list[str], *args: str
+) -> tuple[int, str, float, list[int]]:
     """Start an inner pytest, wait until every stub in `pid_files` runs, send `sig` to pytest (only to it, as a CI
     runner does); returns (exit code, output, seconds until the stubs were gone, their pids)."""
     pytester.makepyfile(test_inner=STUB_CONFIGS + body)
@@ -304,8 +323,9 @@ def interrupt_inner(pytester: pytest.Pytester, sig: int, body: str, pid_files: l
     # Startups not serialized per device (devicelock): the xdist case needs two stubs hanging in startup at once.
     env = {**os.environ, **STUB_ENV, TOKEN_VAR: token, "PYTEST_VLLM_MEM_DEVICE_LOCK": "off"}
     log = pytester.path / "inner.log"
-    process = popen_pytest(pytester.path, [*stub_args(pytester.path / "cache"), "--vllm-startup-timeout=120", *args],
-                           env, log)
+    process = popen_pytest(
+        pytester.path, [*stub_args(pytester.path / "cache"), "--vllm-startup-timeout=120", *args], env, log
+    )
     files = [pytester.path / name for name in pid_files]
     pids: list[int] = []
     try:
@@ -331,11 +351,11 @@ def interrupt_inner(pytester: pytest.Pytester, sig: int, body: str, pid_files: l
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_interrupting_pytest_during_startup_stops_the_server(pytester: pytest.Pytester, sig: int) -> None:
-    body = '''
+    body = """
 @pytest.mark.parametrize("vllm_config", [HANG], ids=["hang"])
 def test_hangs(vllm_server):
     pass
-'''
+"""
     code, output, gone, _ = interrupt_inner(pytester, sig, body, ["hang.pids"])
     assert code == pytest.ExitCode.INTERRUPTED, output
     assert "KeyboardInterrupt" in output
@@ -344,11 +364,11 @@ def test_hangs(vllm_server):
 
 def test_sigterm_to_the_xdist_controller_stops_every_workers_server(pytester: pytest.Pytester) -> None:
     """CI cancels the job: SIGTERM reaches the controller only, the workers' servers must still stop."""
-    body = '''
+    body = """
 @pytest.mark.parametrize("case", ["a", "b"])
 def test_hangs(case, vllm_start):
     vllm_start(HANG.with_env(HANG_PIDS_FILE=os.path.abspath(f"{case}.pids")))
-'''
+"""
     code, output, gone, pids = interrupt_inner(pytester, signal.SIGTERM, body, ["a.pids", "b.pids"], "-n", "2")
     assert code == pytest.ExitCode.INTERRUPTED, output
     assert len(pids) == 6
@@ -357,7 +377,7 @@ def test_hangs(case, vllm_start):
 
 
 def test_raise_or_pytest_exit_after_getting_a_server_leaves_no_process(pytester: pytest.Pytester) -> None:
-    body = '''
+    body = """
 @pytest.mark.parametrize("vllm_config", [OK], ids=["ok"])
 def test_raises(vllm_server):
     Path("server.pid").write_text(str(vllm_server.pid))
@@ -370,7 +390,7 @@ def test_exits(vllm_server):
 
 def test_never_runs():
     pass
-'''
+"""
     result, data = inner(pytester, body)
     result.assert_outcomes(failed=1)
     output = result.stdout.str()
@@ -384,12 +404,12 @@ def test_never_runs():
 
 
 def test_session_end_sweep_stops_a_server_nobody_holds(pytester: pytest.Pytester) -> None:
-    body = '''
+    body = """
 def test_orphan(vllm_start, request):
     server = vllm_start(OK)
     Path("orphan.pid").write_text(str(server.pid))
     request.config.stash[state_key].pool.running.clear()  # now only the session-end sweep can stop it
-'''
+"""
     result, data = inner(pytester, body)
     result.assert_outcomes(passed=1)
     pid = int((pytester.path / "orphan.pid").read_text())
@@ -402,6 +422,7 @@ def test_orphan(vllm_start, request):
 
 # --- Bad input: one clear message, no traceback, no server ---------------------------------------------------------
 
+
 def assert_no_traceback(result: pytest.RunResult) -> str:
     output = result.stdout.str() + result.stderr.str()
     assert "Traceback" not in output and "pytest_vllm_mem/" not in output, output
@@ -409,11 +430,11 @@ def assert_no_traceback(result: pytest.RunResult) -> str:
 
 
 def test_unknown_flag_fails_fast_as_bad_flag(pytester: pytest.Pytester) -> None:
-    body = '''
+    body = """
 @pytest.mark.parametrize("vllm_config", [OK.with_flags(max_model_length=1024)], ids=["typo"])
 def test_typo(vllm_server):
     pass
-'''
+"""
     started = time.monotonic()
     result, data = inner(pytester, body)
     result.assert_outcomes(failed=1)
@@ -426,11 +447,11 @@ def test_typo(vllm_server):
 
 
 def test_missing_model_folder_is_named(pytester: pytest.Pytester) -> None:
-    body = '''
+    body = """
 @pytest.mark.parametrize("vllm_config", [VLLMConfig("/nonexistent/model-dir")], ids=["missing"])
 def test_missing(vllm_server):
     pass
-'''
+"""
     result, data = inner(pytester, body)
     result.assert_outcomes(failed=1)
     output = assert_no_traceback(result)
@@ -442,11 +463,11 @@ def test_missing(vllm_server):
 def test_corrupt_baseline_names_the_file(pytester: pytest.Pytester) -> None:
     baseline = pytester.path / "baselines.json"
     baseline.write_text('{"baselines": {<<<<<<< HEAD')
-    body = '''
+    body = """
 @pytest.mark.parametrize("vllm_config", [OK], ids=["ok"])
 def test_serves(vllm_server, vllm_load):
     assert vllm_load(num_prompts=4, concurrency=2, max_tokens=4).ok
-'''
+"""
     result, _ = inner(pytester, body, f"--vllm-baseline={baseline}")
     result.assert_outcomes(failed=1)
     output = assert_no_traceback(result)
@@ -456,11 +477,11 @@ def test_serves(vllm_server, vllm_load):
 
 
 def test_unwritable_results_path_is_one_line_and_fails_the_run(pytester: pytest.Pytester) -> None:
-    body = '''
+    body = """
 @pytest.mark.parametrize("vllm_config", [OK], ids=["ok"])
 def test_serves(vllm_server, vllm_load):
     assert vllm_load(num_prompts=4, concurrency=2, max_tokens=4).ok
-'''
+"""
     result, _ = inner(pytester, body, "--vllm-results=/proc/forbidden/x.json")
     result.assert_outcomes(passed=1)
     # The tests ran, but CI would lose the figures silently: the run fails (issue 12).
@@ -468,17 +489,19 @@ def test_serves(vllm_server, vllm_load):
     output = assert_no_traceback(result)
     assert "the run fails: a file it was asked to write was not written" in output
     lines = [line for line in output.splitlines() if "/proc/forbidden/x.json" in line]
-    assert lines == ["error: --vllm-results /proc/forbidden/x.json: could not write the file (No such file or "
-                     "directory); pass a path in a writable folder"]  # and not listed as written
+    assert lines == [
+        "error: --vllm-results /proc/forbidden/x.json: could not write the file (No such file or "
+        "directory); pass a path in a writable folder"
+    ]  # and not listed as written
     FIGURES.fault("results path cannot be written")
 
 
 def test_unwritable_log_folder_is_one_message(pytester: pytest.Pytester) -> None:
-    body = '''
+    body = """
 @pytest.mark.parametrize("vllm_config", [OK], ids=["ok"])
 def test_serves(vllm_server):
     pass
-'''
+"""
     result, _ = inner(pytester, body, "--vllm-log-dir=/proc/forbidden/logs")
     result.assert_outcomes(errors=1)
     output = assert_no_traceback(result)
@@ -487,12 +510,12 @@ def test_serves(vllm_server):
 
 
 def test_unknown_metric_in_tolerance_marker_is_a_usage_error_before_any_server(pytester: pytest.Pytester) -> None:
-    body = '''
+    body = """
 @pytest.mark.vllm_tolerance(output_troughput="5%")
 @pytest.mark.parametrize("vllm_config", [OK], ids=["ok"])
 def test_serves(vllm_server):
     pass
-'''
+"""
     result, _ = inner(pytester, body)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     output = assert_no_traceback(result)
@@ -504,11 +527,14 @@ def test_serves(vllm_server):
 
 @pytest.mark.parametrize("python", ["/nonexistent/python3", "/bin/false"])
 def test_interpreter_without_vllm_is_one_message(pytester: pytest.Pytester, python: str) -> None:
-    pytester.makepyfile(test_inner=STUB_CONFIGS + '''
+    pytester.makepyfile(
+        test_inner=STUB_CONFIGS
+        + """
 @pytest.mark.parametrize("vllm_config", [OK], ids=["ok"])
 def test_serves(vllm_server):
     pass
-''')
+"""
+    )
     result, _ = run_inner(pytester, f"--vllm-python={python}", f"--vllm-cache-dir={pytester.path / 'empty-cache'}")
     result.assert_outcomes(errors=1)
     output = assert_no_traceback(result)
@@ -517,7 +543,7 @@ def test_serves(vllm_server):
 
 
 def test_secrets_never_reach_reports_messages_or_results(pytester: pytest.Pytester) -> None:
-    body = '''
+    body = """
 SECRET_ENV = VLLMConfig("stub-model", env={"HF_TOKEN": "secret123", "VLLM_STUB": "fake_server.py"}, no_such_flag=1)
 SECRET_FLAG = HANG.with_flags(hf_token="secret456")
 
@@ -528,7 +554,7 @@ def test_env_secret(vllm_server):
 @pytest.mark.parametrize("vllm_config", [SECRET_FLAG], ids=["flag"])
 def test_flag_secret(vllm_server):
     pass
-'''
+"""
     result, data = inner(pytester, body, "--vllm-startup-timeout=3")
     result.assert_outcomes(failed=2)
     output = result.stdout.str() + result.stderr.str()

@@ -12,26 +12,48 @@ import pytest
 
 from pytest_vllm_mem.baseline_store import BaselineEntry, BaselineStore, EnvKey
 from pytest_vllm_mem.gate import Gate, env_key
-from pytest_vllm_mem.report import (COLUMNS, ReportWriter, baseline_cell, format_table, markdown_table, table_rows,
-                                    upgrade_lines, upgrade_markdown)
+from pytest_vllm_mem.report import (
+    COLUMNS,
+    ReportWriter,
+    baseline_cell,
+    format_table,
+    markdown_table,
+    table_rows,
+    upgrade_lines,
+    upgrade_markdown,
+)
 from pytest_vllm_mem.results import TestRecord
 
 GIB = 2**30
 
 
 def load(throughput: float = 1234.4, completed: int = 8, peak: int = 5 * GIB, ttft_p99: float = 91.6) -> dict:
-    return {"ok": True, "completed": completed, "num_prompts": 8, "peak_memory_bytes": peak,
-            "output_throughput": throughput, "request_throughput": 2.5,
-            "ttft_ms": {"mean": 40.0, "p50": 40.0, "p90": 80.0, "p99": ttft_p99},
-            "tpot_ms": {"mean": 9.0, "p50": 9.0, "p90": 11.0, "p99": 14.0}}
+    return {
+        "ok": True,
+        "completed": completed,
+        "num_prompts": 8,
+        "peak_memory_bytes": peak,
+        "output_throughput": throughput,
+        "request_throughput": 2.5,
+        "ttft_ms": {"mean": 40.0, "p50": 40.0, "p90": 80.0, "p99": ttft_p99},
+        "tpot_ms": {"mean": 9.0, "p50": 9.0, "p90": 11.0, "p99": 14.0},
+    }
 
 
 def make_record(test_id: str = "tests/test_a.py::test_chat[tiny]", *loads: dict, **changes: Any) -> TestRecord:
     record = TestRecord(
-        test_id=test_id, config="vllm serve m", launched="vllm serve m --gpu-memory-utilization 0.27",
-        tier="24gb", tier_bytes=24 * 10**9, device="NVIDIA L4", backend="cuda", vllm_version="0.32.0",
+        test_id=test_id,
+        config="vllm serve m",
+        launched="vllm serve m --gpu-memory-utilization 0.27",
+        tier="24gb",
+        tier_bytes=24 * 10**9,
+        device="NVIDIA L4",
+        backend="cuda",
+        vllm_version="0.32.0",
         startup={"ok": True, "kind": "ok", "duration_s": 31.2, "peak_memory_bytes": 4 * GIB},
-        memory={"kv_cache_tokens": 123_456}, loads=list(loads) if loads else [load()], passed=True,
+        memory={"kv_cache_tokens": 123_456},
+        loads=list(loads) if loads else [load()],
+        passed=True,
     )
     for name, value in changes.items():
         setattr(record, name, value)
@@ -39,16 +61,28 @@ def make_record(test_id: str = "tests/test_a.py::test_chat[tiny]", *loads: dict,
 
 
 def comparison(metric: str, status: str, change_pct: float | None) -> dict:
-    return {"metric": metric, "status": status, "change_pct": change_pct, "baseline": 1.0, "now": 1.0,
-            "tolerance": "10%", "message": f"{metric} moved"}
+    return {
+        "metric": metric,
+        "status": status,
+        "change_pct": change_pct,
+        "baseline": 1.0,
+        "now": 1.0,
+        "tolerance": "10%",
+        "message": f"{metric} moved",
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------- results
 
 
 def test_record_metrics_are_medians_over_completed_loads() -> None:
-    record = make_record("t::x", load(throughput=100.0), load(throughput=300.0), load(throughput=200.0),
-                         load(throughput=9999.0, completed=0))
+    record = make_record(
+        "t::x",
+        load(throughput=100.0),
+        load(throughput=300.0),
+        load(throughput=200.0),
+        load(throughput=9999.0, completed=0),
+    )
     metrics = record.metrics()
     assert metrics["output_throughput"] == 200.0
     assert metrics["startup_peak_memory"] == 4 * GIB
@@ -80,30 +114,37 @@ def test_record_dict_round_trip() -> None:
 
 
 def test_table_row_cells() -> None:
-    [(cells, color)] = table_rows([make_record(baseline_status="compared",
-                                               comparisons=[comparison("kv_cache_tokens", "ok", 0.0)])])
+    [(cells, color)] = table_rows(
+        [make_record(baseline_status="compared", comparisons=[comparison("kv_cache_tokens", "ok", 0.0)])]
+    )
     assert cells == ["test_chat[tiny]", "ok", "5.00 GiB / 24gb", "123,456", "1,234", "92 ms", "within tolerance"]
     assert len(cells) == len(COLUMNS)
     assert color == "green"
 
 
-@pytest.mark.parametrize(("status", "comparisons", "text", "color"), [
-    ("none", [], "-", None),
-    ("missing", [], "missing", None),
-    ("updated", [], "updated", None),
-    ("compared", [comparison("ttft_p99", "improved", -30.0), comparison("output_throughput", "regressed", -20.04)],
-     "output_throughput -20.0%", "red"),
-    ("compared", [comparison("ttft_p99", "improved", -30.0)], "ttft_p99 -30.0% (update?)", "yellow"),
-    ("compared", [comparison("ttft_p99", "regressed", None)], "ttft_p99 from 0", "red"),
-    ("compared", [comparison("ttft_p99", "new", None)], "within tolerance", "green"),
-])
+@pytest.mark.parametrize(
+    ("status", "comparisons", "text", "color"),
+    [
+        ("none", [], "-", None),
+        ("missing", [], "missing", None),
+        ("updated", [], "updated", None),
+        (
+            "compared",
+            [comparison("ttft_p99", "improved", -30.0), comparison("output_throughput", "regressed", -20.04)],
+            "output_throughput -20.0%",
+            "red",
+        ),
+        ("compared", [comparison("ttft_p99", "improved", -30.0)], "ttft_p99 -30.0% (update?)", "yellow"),
+        ("compared", [comparison("ttft_p99", "regressed", None)], "ttft_p99 from 0", "red"),
+        ("compared", [comparison("ttft_p99", "new", None)], "within tolerance", "green"),
+    ],
+)
 def test_baseline_cell(status: str, comparisons: list, text: str, color: str | None) -> None:
     assert baseline_cell(make_record(baseline_status=status, comparisons=comparisons)) == (text, color)
 
 
 def test_failed_rows_are_red_and_show_dashes() -> None:
-    record = make_record(failure={"kind": "oom_weights", "summary": "s"}, startup={"ok": False}, memory={},
-                         loads=[])
+    record = make_record(failure={"kind": "oom_weights", "summary": "s"}, startup={"ok": False}, memory={}, loads=[])
     [(cells, color)] = table_rows([record])
     assert cells[1:6] == ["oom_weights", "-", "-", "-", "-"]
     assert color == "red"
@@ -167,8 +208,7 @@ class FakeState:
 
     def __post_init__(self) -> None:
         self.tier = SimpleNamespace(name="24gb", bytes=24 * 10**9, auto=False)
-        self.known_device = self.device = SimpleNamespace(name="NVIDIA L4", backend="cuda",
-                                                          total_bytes=24_150_000_000)
+        self.known_device = self.device = SimpleNamespace(name="NVIDIA L4", backend="cuda", total_bytes=24_150_000_000)
         self.parser_table = SimpleNamespace(version="0.32.0")
         self.known_vllm_version = "0.32.0"
         self._pool = self.pool = SimpleNamespace(startups=2)
@@ -188,16 +228,22 @@ class FakeTerminal:
 
 @pytest.fixture
 def writer(tmp_path: Path) -> ReportWriter:
-    settings = FakeSettings(tmp_path / "baselines.json", vllm_results=tmp_path / "out" / "results.json",
-                            vllm_markdown=tmp_path / "summary.md")
+    settings = FakeSettings(
+        tmp_path / "baselines.json",
+        vllm_results=tmp_path / "out" / "results.json",
+        vllm_markdown=tmp_path / "summary.md",
+    )
     return ReportWriter(FakeState(settings), SimpleNamespace(rootpath=tmp_path))  # type: ignore[arg-type]
 
 
 def test_results_document_is_json(writer: ReportWriter) -> None:
     # Two servers (one each); startups are counted from the records, which is all a pytest-xdist controller has.
-    records = [make_record(server_pid=101),
-               make_record("t::y", baseline_status="compared", server_pid=102,
-                           comparisons=[comparison("ttft_p99", "ok", 1.0)])]
+    records = [
+        make_record(server_pid=101),
+        make_record(
+            "t::y", baseline_status="compared", server_pid=102, comparisons=[comparison("ttft_p99", "ok", 1.0)]
+        ),
+    ]
     document = json.loads(json.dumps(writer.results_document(records)))
     assert document["schema"] == 1
     assert document["tier"] == "24gb" and document["device"] == "NVIDIA L4" and document["backend"] == "cuda"
@@ -214,8 +260,9 @@ def test_results_document_without_a_server(writer: ReportWriter) -> None:
     assert writer.header() == "no server started"
 
 
-def test_write_all_writes_results_markdown_and_step_summary(writer: ReportWriter, tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_write_all_writes_results_markdown_and_step_summary(
+    writer: ReportWriter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     summary = tmp_path / "step_summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     writer.write_all([make_record()])
@@ -260,12 +307,15 @@ def test_a_baseline_that_cannot_be_written_fails_the_run(writer: ReportWriter, t
     assert str(blocker / "baselines.json") in error and "could not be written" in error
     terminal = FakeTerminal()
     writer.terminal_summary(terminal, [make_record()])
-    assert ("the run fails: a file it was asked to write was not written (see the errors above)",
-            {"red": True}) in terminal.lines
+    assert (
+        "the run fails: a file it was asked to write was not written (see the errors above)",
+        {"red": True},
+    ) in terminal.lines
 
 
-def test_a_missing_plot_library_is_a_warning_not_a_failure(writer: ReportWriter,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_missing_plot_library_is_a_warning_not_a_failure(
+    writer: ReportWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import builtins
 
     real_import = builtins.__import__
@@ -283,9 +333,12 @@ def test_a_missing_plot_library_is_a_warning_not_a_failure(writer: ReportWriter,
 
 
 def test_terminal_summary(writer: ReportWriter) -> None:
-    records = [make_record(baseline_status="missing"),
-               make_record("t::slow", baseline_status="compared",
-                           comparisons=[comparison("output_throughput", "regressed", -25.0)])]
+    records = [
+        make_record(baseline_status="missing"),
+        make_record(
+            "t::slow", baseline_status="compared", comparisons=[comparison("output_throughput", "regressed", -25.0)]
+        ),
+    ]
     writer.state.leaked = [4242]
     writer.errors.append("could not append")
     terminal = FakeTerminal()
@@ -312,15 +365,25 @@ def test_terminal_summary_is_silent_without_records(writer: ReportWriter) -> Non
 
 def upgraded_record(writer: ReportWriter, tmp_path: Path, throughput: float = 1234.4) -> TestRecord:
     """A 0.32.0 record compared by the real gate with a baseline recorded on vLLM 0.27.1."""
-    old = make_record(memory={"kv_cache_tokens": 100_000, "kv_cache_gib": 1.5, "weights_gib": 0.5,
-                              "max_concurrency": 48.8})
+    old = make_record(
+        memory={"kv_cache_tokens": 100_000, "kv_cache_gib": 1.5, "weights_gib": 0.5, "max_concurrency": 48.8}
+    )
     samples = {**old.metric_samples(), "output_throughput": [1500.0]}
-    entry = BaselineEntry.from_samples(old.test_id, EnvKey("24gb", "NVIDIA L4", "0.27.1"), samples, config="c",
-                                       commit="abc1234", host="ci-1", recorded_at="2026-11-30T05:00:00Z")
+    entry = BaselineEntry.from_samples(
+        old.test_id,
+        EnvKey("24gb", "NVIDIA L4", "0.27.1"),
+        samples,
+        config="c",
+        commit="abc1234",
+        host="ci-1",
+        recorded_at="2026-11-30T05:00:00Z",
+    )
     BaselineStore(writer.state.settings.vllm_baseline).update([entry])
-    record = make_record("tests/test_a.py::test_chat[tiny]", load(throughput=throughput),
-                         memory={"kv_cache_tokens": 123_456, "kv_cache_gib": 1.85, "weights_gib": 0.5,
-                                 "max_concurrency": 60.3})
+    record = make_record(
+        "tests/test_a.py::test_chat[tiny]",
+        load(throughput=throughput),
+        memory={"kv_cache_tokens": 123_456, "kv_cache_gib": 1.85, "weights_gib": 0.5, "max_concurrency": 60.3},
+    )
     writer.state.gate.evaluate(record, {}, tier_is_auto=False)
     return record
 
@@ -329,18 +392,38 @@ def test_upgrade_report_shows_every_figure_old_vs_new(writer: ReportWriter, tmp_
     record = upgraded_record(writer, tmp_path)
     lines = upgrade_lines([record, make_record("t::same_version")])
     text = "\n".join(lines)
-    assert lines[0] == ("vLLM upgrade 0.27.1 -> 0.32.0: 1 test compared with the vLLM 0.27.1 baseline "
-                        "(no 0.32.0 entry yet)")
+    assert lines[0] == (
+        "vLLM upgrade 0.27.1 -> 0.32.0: 1 test compared with the vLLM 0.27.1 baseline (no 0.32.0 entry yet)"
+    )
     assert "test_chat[tiny]: baseline 24gb|NVIDIA L4|vllm 0.27.1, recorded 2026-11-30T05:00:00Z, commit abc1234" in text
     header = lines[2].split()
     assert header == ["figure", "vLLM", "0.27.1", "vLLM", "0.32.0", "change", "status"]
     rows = {line.split()[0]: line for line in lines[4:]}
-    for figure in ("startup_peak_memory", "load_peak_memory", "kv_cache_tokens", "output_throughput",
-                   "request_throughput", "ttft_p50", "ttft_p99", "tpot_p50", "weights_memory", "kv_cache_memory",
-                   "max_concurrency", "startup_time"):
+    for figure in (
+        "startup_peak_memory",
+        "load_peak_memory",
+        "kv_cache_tokens",
+        "output_throughput",
+        "request_throughput",
+        "ttft_p50",
+        "ttft_p99",
+        "tpot_p50",
+        "weights_memory",
+        "kv_cache_memory",
+        "max_concurrency",
+        "startup_time",
+    ):
         assert figure in rows, figure
-    assert rows["kv_cache_tokens"].split()[1:] == ["100,000", "tokens", "123,456", "tokens", "+23.5%", "improved",
-                                                    "(tolerance", "5%)"]
+    assert rows["kv_cache_tokens"].split()[1:] == [
+        "100,000",
+        "tokens",
+        "123,456",
+        "tokens",
+        "+23.5%",
+        "improved",
+        "(tolerance",
+        "5%)",
+    ]
     assert "1.50 GiB" in rows["kv_cache_memory"] and "1.85 GiB" in rows["kv_cache_memory"]
     assert rows["kv_cache_memory"].endswith("reported")
     assert "-17.7%" in rows["output_throughput"] and "regressed (tolerance 10%)" in rows["output_throughput"]
@@ -394,8 +477,13 @@ def test_a_server_on_several_gpus_shows_its_fullest_gpu_and_each_gpu() -> None:
     record = make_record(
         "tests/test_a.py::test_tp[2]",
         {**load(peak=18 * GIB), "peak_memory_per_gpu": [8 * GIB, 10 * GIB]},
-        startup={"ok": True, "kind": "ok", "duration_s": 40.0, "peak_memory_bytes": 16 * GIB,
-                 "peak_memory_per_gpu": [9 * GIB, 7 * GIB]},
+        startup={
+            "ok": True,
+            "kind": "ok",
+            "duration_s": 40.0,
+            "peak_memory_bytes": 16 * GIB,
+            "peak_memory_per_gpu": [9 * GIB, 7 * GIB],
+        },
     )
     [(cells, _)] = table_rows([record])
     assert cells[2] == "10.00 GiB / 24gb (per GPU: 9.00 GiB, 10.00 GiB)"  # each GPU's own peak over startup and load
@@ -407,8 +495,15 @@ def test_a_server_on_several_gpus_shows_its_fullest_gpu_and_each_gpu() -> None:
 
 
 def test_one_gpu_or_the_cpu_shows_the_peak_alone() -> None:
-    single = make_record(startup={"ok": True, "kind": "ok", "duration_s": 1.0, "peak_memory_bytes": 4 * GIB,
-                                  "peak_memory_per_gpu": [4 * GIB]})
+    single = make_record(
+        startup={
+            "ok": True,
+            "kind": "ok",
+            "duration_s": 1.0,
+            "peak_memory_bytes": 4 * GIB,
+            "peak_memory_per_gpu": [4 * GIB],
+        }
+    )
     assert table_rows([single])[0][0][2] == "5.00 GiB / 24gb"
     cpu = make_record(tier="", tier_bytes=0, backend="cpu")
     assert table_rows([cpu])[0][0][2] == "5.00 GiB" and cpu.to_dict()["peak_memory_per_gpu"] == []

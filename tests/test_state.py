@@ -49,8 +49,9 @@ def test_memory_held_by_another_process_fails_before_launch(monkeypatch: pytest.
     assert launched == []  # vLLM was never started into a device it could not have
 
 
-def test_a_startup_error_keeps_the_requested_and_the_launched_config(monkeypatch: pytest.MonkeyPatch,
-                                                                      tmp_path: Path) -> None:
+def test_a_startup_error_keeps_the_requested_and_the_launched_config(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     # As on VLLMServer: .config is what the test asked for, .launched what would have run (tier emulation).
     monkeypatch.setattr(state_module, "FREE_MEMORY_WAIT_S", 0.2)
     pool = ServerPool(LaunchSettings(log_dir=tmp_path), HeldDeviceProbe())

@@ -15,15 +15,18 @@ from pytest_vllm_mem.tiers import (
 )
 
 
-@pytest.mark.parametrize(("text", "name", "size"), [
-    ("8gb", "8gb", 8 * 10**9),
-    ("24GB", "24gb", 24 * 10**9),
-    (" 24 gb ", "24gb", 24 * 10**9),
-    ("24GiB", "24gib", 24 * GIB),
-    ("0.5gb", "0.5gb", 5 * 10**8),
-    ("1.25gib", "1.25gib", round(1.25 * GIB)),
-    ("141gb", "141gb", 141 * 10**9),
-])
+@pytest.mark.parametrize(
+    ("text", "name", "size"),
+    [
+        ("8gb", "8gb", 8 * 10**9),
+        ("24GB", "24gb", 24 * 10**9),
+        (" 24 gb ", "24gb", 24 * 10**9),
+        ("24GiB", "24gib", 24 * GIB),
+        ("0.5gb", "0.5gb", 5 * 10**8),
+        ("1.25gib", "1.25gib", round(1.25 * GIB)),
+        ("141gb", "141gb", 141 * 10**9),
+    ],
+)
 def test_parse_tier(text: str, name: str, size: int) -> None:
     tier = parse_tier(text)
     assert tier == Tier(name, size)

@@ -107,7 +107,12 @@ def test_tokenizer_round_trips_text(built: Path) -> None:
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(built / "tokenizer.json"))
-    for text in ("Hello, world!", "The memory server streams 12345 tokens.", "  spaces\tand\nnewlines ", "Ünïcødé 漢字 🙂"):
+    for text in (
+        "Hello, world!",
+        "The memory server streams 12345 tokens.",
+        "  spaces\tand\nnewlines ",
+        "Ünïcødé 漢字 🙂",
+    ):
         ids = tokenizer.encode(text).ids
         assert tokenizer.decode(ids) == text
     common = tokenizer.encode("the memory server").ids
@@ -140,8 +145,10 @@ def test_force_rebuilds(tmp_path: Path) -> None:
 
 def test_builds_into_an_existing_empty_folder(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    assert is_complete_tiny_model(build_tiny_model(tmp_path / "empty", max_position_embeddings=4096),
-                                  tiny_model.TinyModelSpec(max_position_embeddings=4096))
+    assert is_complete_tiny_model(
+        build_tiny_model(tmp_path / "empty", max_position_embeddings=4096),
+        tiny_model.TinyModelSpec(max_position_embeddings=4096),
+    )
 
 
 def test_refuses_a_foreign_folder(tmp_path: Path) -> None:
@@ -190,6 +197,7 @@ def test_loads_in_transformers(built: Path) -> None:
     assert len(tokenizer) == config.vocab_size
     text = "The memory server streams 12345 tokens."
     assert tokenizer.decode(tokenizer.encode(text)) == text
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                           add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert prompt.endswith("<|assistant|>\n")

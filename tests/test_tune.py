@@ -17,8 +17,21 @@ from pytest_vllm_mem.flagcheck import ParserTable
 from pytest_vllm_mem.load import LoadResult, Percentiles
 from pytest_vllm_mem.server import StartupOutcome, VLLMStartupError
 from pytest_vllm_mem.tiers import Tier
-from pytest_vllm_mem.tune import (NOT_MEMORY, OK, TOO_HIGH, TOO_LOW, LoadSpec, Trial, TuneError, candidate_values,
-                                  failure_side, run_trial, search, trial_line, tune)
+from pytest_vllm_mem.tune import (
+    NOT_MEMORY,
+    OK,
+    TOO_HIGH,
+    TOO_LOW,
+    LoadSpec,
+    Trial,
+    TuneError,
+    candidate_values,
+    failure_side,
+    run_trial,
+    search,
+    trial_line,
+    tune,
+)
 from pytest_vllm_mem.units import format_bytes
 
 GIB = 2**30
@@ -34,8 +47,7 @@ def gpu_like(u_max: float, u_min: float = 0.0):
             return Trial(u, "cuda_oom", TOO_HIGH, summary="out of memory under load")
         if u < u_min - 1e-9:
             return Trial(u, "kv_cache_insufficient", TOO_LOW, summary="KV cache too small")
-        return Trial(u, OK, OK, peak_memory_bytes=int(u * 24e9), kv_cache_tokens=int(u * 1e5),
-                     output_throughput=1000.0)
+        return Trial(u, OK, OK, peak_memory_bytes=int(u * 24e9), kv_cache_tokens=int(u * 1e5), output_throughput=1000.0)
 
     trial.tried = tried  # type: ignore[attr-defined]
     return trial
@@ -117,8 +129,9 @@ def test_nothing_works_says_so_clearly() -> None:
 
 
 def test_window_narrower_than_the_resolution() -> None:
-    result = search(gpu_like(u_max=0.73, u_min=0.71), low=0.5, high=0.95, resolution=0.05, max_startups=8,
-                    goal="highest")
+    result = search(
+        gpu_like(u_max=0.73, u_min=0.71), low=0.5, high=0.95, resolution=0.05, max_startups=8, goal="highest"
+    )
     assert result.best is None
     kinds = {t.outcome for t in result.trials}
     assert kinds == {"cuda_oom", "kv_cache_insufficient"}
@@ -140,34 +153,40 @@ def test_a_failure_no_utilization_fixes_stops_the_search() -> None:
     assert "bad_flag, which no utilization fixes" in result.verdict
 
 
-@pytest.mark.parametrize("kind, figures, during_load, side", [
-    ("cuda_oom", {}, False, TOO_HIGH),
-    ("insufficient_free_memory", {}, False, TOO_HIGH),
-    ("tier_exceeded", {}, False, TOO_HIGH),
-    ("kv_cache_insufficient", {}, False, TOO_LOW),
-    ("external_weights_over_budget", {"external_gib": 20.0, "requested_gib": 18.0}, False, TOO_LOW),
-    ("host_memory", {"kv_requested_gib": -0.62}, False, TOO_LOW),  # the CPU worker's share used up before the KV
-    ("host_memory", {"kv_requested_gib": 3.0}, False, TOO_HIGH),  # the reservation did not fit in RAM
-    # vLLM 0.33's CPU worker over its reservation (diagnose: kv_requested_gib = reserved - used, <= 0)
-    ("host_memory", {"non_kv_gib": 1.37, "requested_gib": 1.25, "kv_requested_gib": -0.12}, False, TOO_LOW),
-    ("host_memory", {}, True, TOO_HIGH),
-    ("crash", {}, True, TOO_HIGH),  # dying under load: the OOM killer looks like this
-    ("crash", {}, False, NOT_MEMORY),
-    ("bad_flag", {}, False, NOT_MEMORY),
-    ("timeout", {}, False, NOT_MEMORY),
-    ("ok", {}, False, OK),
-])
+@pytest.mark.parametrize(
+    "kind, figures, during_load, side",
+    [
+        ("cuda_oom", {}, False, TOO_HIGH),
+        ("insufficient_free_memory", {}, False, TOO_HIGH),
+        ("tier_exceeded", {}, False, TOO_HIGH),
+        ("kv_cache_insufficient", {}, False, TOO_LOW),
+        ("external_weights_over_budget", {"external_gib": 20.0, "requested_gib": 18.0}, False, TOO_LOW),
+        ("host_memory", {"kv_requested_gib": -0.62}, False, TOO_LOW),  # the CPU worker's share used up before the KV
+        ("host_memory", {"kv_requested_gib": 3.0}, False, TOO_HIGH),  # the reservation did not fit in RAM
+        # vLLM 0.33's CPU worker over its reservation (diagnose: kv_requested_gib = reserved - used, <= 0)
+        ("host_memory", {"non_kv_gib": 1.37, "requested_gib": 1.25, "kv_requested_gib": -0.12}, False, TOO_LOW),
+        ("host_memory", {}, True, TOO_HIGH),
+        ("crash", {}, True, TOO_HIGH),  # dying under load: the OOM killer looks like this
+        ("crash", {}, False, NOT_MEMORY),
+        ("bad_flag", {}, False, NOT_MEMORY),
+        ("timeout", {}, False, NOT_MEMORY),
+        ("ok", {}, False, OK),
+    ],
+)
 def test_failure_sides(kind: str, figures: dict, during_load: bool, side: str) -> None:
     assert failure_side(kind, figures, during_load=during_load) == side
 
 
-@pytest.mark.parametrize("kwargs, named", [
-    ({"low": 0.9, "high": 0.5}, "low=0.9, high=0.5"),
-    ({"low": 0.0, "high": 0.5}, "low=0.0"),
-    ({"low": 0.5, "high": 1.5}, "high=1.5"),
-    ({"low": 0.5, "high": 0.6, "resolution": 0.5}, "resolution=0.5"),
-    ({"low": 0.5, "high": 0.6, "max_startups": 0}, "max_startups=0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        ({"low": 0.9, "high": 0.5}, "low=0.9, high=0.5"),
+        ({"low": 0.0, "high": 0.5}, "low=0.0"),
+        ({"low": 0.5, "high": 1.5}, "high=1.5"),
+        ({"low": 0.5, "high": 0.6, "resolution": 0.5}, "resolution=0.5"),
+        ({"low": 0.5, "high": 0.6, "max_startups": 0}, "max_startups=0"),
+    ],
+)
 def test_unusable_ranges_are_refused_by_name(kwargs: dict, named: str) -> None:
     with pytest.raises(TuneError, match=named.replace(".", r"\.")):
         search(gpu_like(1.0), **{"resolution": 0.05, **kwargs})
@@ -205,9 +224,14 @@ class FakeState:
         self.started: list[VLLMConfig] = []
         self.tier = Tier("8gb", 8 * 10**9)
         self.device = type("Device", (), {"backend": "cpu", "name": "fake CPU", "total_bytes": 16 * GIB})()
-        self.parser_table = ParserTable("0.32.0", {
-            "--max-model-len": {"takes_value": True, "choices": None},
-            "--gpu-memory-utilization": {"takes_value": True, "choices": None}}, {})
+        self.parser_table = ParserTable(
+            "0.32.0",
+            {
+                "--max-model-len": {"takes_value": True, "choices": None},
+                "--gpu-memory-utilization": {"takes_value": True, "choices": None},
+            },
+            {},
+        )
 
     def device_total_now(self) -> int:
         return self.device.total_bytes
@@ -220,17 +244,32 @@ class FakeState:
         utilization = float(config.flag("gpu_memory_utilization"))
         if utilization < self.fail_below:
             diagnosis = Diagnosis("host_memory", "nothing left for the KV cache", figures={"kv_requested_gib": -0.6})
-            raise VLLMStartupError(diagnosis, config, Path("failed.log"), StartupOutcome(False, "host_memory", 20.0,
-                                                                                       GIB))
+            raise VLLMStartupError(
+                diagnosis, config, Path("failed.log"), StartupOutcome(False, "host_memory", 20.0, GIB)
+            )
         return FakeServer(config, self.peak)
 
 
 def _load_result(**changes) -> LoadResult:
     zero = Percentiles(0, 0, 0, 0)
-    result = LoadResult(num_prompts=8, concurrency=4, request_rate=None, completed=8, failed=0, errors=[],
-                        duration_s=1.0, request_throughput=8.0, output_throughput=512.0, total_output_tokens=512,
-                        total_input_tokens=256, ttft=zero, tpot=zero, itl=zero, e2el=zero,
-                        peak_memory_bytes=3 * GIB)
+    result = LoadResult(
+        num_prompts=8,
+        concurrency=4,
+        request_rate=None,
+        completed=8,
+        failed=0,
+        errors=[],
+        duration_s=1.0,
+        request_throughput=8.0,
+        output_throughput=512.0,
+        total_output_tokens=512,
+        total_input_tokens=256,
+        ttft=zero,
+        tpot=zero,
+        itl=zero,
+        e2el=zero,
+        peak_memory_bytes=3 * GIB,
+    )
     for key, value in changes.items():
         setattr(result, key, value)
     return result
@@ -251,8 +290,14 @@ def fake_load(monkeypatch: pytest.MonkeyPatch):
 def test_trial_starts_loads_and_stops(fake_load) -> None:
     state = FakeState()
     lines: list[str] = []
-    trial = run_trial(state, VLLMConfig("tiny", max_model_len=1024), 0.2, LoadSpec(num_prompts=8, concurrency=4),
-                      state.tier, lines.append)
+    trial = run_trial(
+        state,
+        VLLMConfig("tiny", max_model_len=1024),
+        0.2,
+        LoadSpec(num_prompts=8, concurrency=4),
+        state.tier,
+        lines.append,
+    )
     assert trial.ok and trial.peak_memory_bytes == 3 * GIB and trial.kv_cache_tokens == 120_000
     assert trial.output_throughput == 512.0
     assert state.started[0].flag("gpu_memory_utilization") == 0.2 and state.started[0].flag("max_model_len") == 1024
@@ -295,16 +340,25 @@ def test_trial_stops_the_server_when_the_load_is_interrupted(monkeypatch: pytest
 def test_tune_prints_progress_and_recommends(fake_load) -> None:
     state = FakeState(fail_below=0.11)
     lines: list[str] = []
-    result = tune(state, VLLMConfig("tiny", max_model_len=1024), low=0.01, high=0.25, resolution=0.04,
-                  max_startups=5, out=lines.append)
+    result = tune(
+        state,
+        VLLMConfig("tiny", max_model_len=1024),
+        low=0.01,
+        high=0.25,
+        resolution=0.04,
+        max_startups=5,
+        out=lines.append,
+    )
     text = "\n".join(lines)
     assert result.ok and result.recommended.utilization == 0.13  # CPU backend: the lowest working value
     starts = [line for line in lines if line.startswith("starting trial ")]
     assert len(starts) == len(result.search.trials) <= 5
     assert starts[0] == "starting trial 1/5: gpu_memory_utilization=0.01 max-model-len=1024 on the 8gb tier ..."
     assert "boundary: 0.13 works, 0.09 fails (host_memory)" in text
-    assert ("recommended: vllm serve tiny --max-model-len 1024 --gpu-memory-utilization 0.13  (headroom: peak "
-            "3.00 GiB of the 8gb tier = 4.45 GiB free)") in text
+    assert (
+        "recommended: vllm serve tiny --max-model-len 1024 --gpu-memory-utilization 0.13  (headroom: peak "
+        "3.00 GiB of the 8gb tier = 4.45 GiB free)"
+    ) in text
     data = result.to_dict()
     assert data["recommended_utilization"] == 0.13 and data["headroom_bytes"] == 8 * 10**9 - 3 * GIB
     assert data["trials"][0]["outcome"] == "host_memory" and data["startups"] == len(starts)
@@ -332,16 +386,19 @@ def test_tune_refuses_an_unknown_flag_before_any_startup() -> None:
 # --- the command line -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv, named", [
-    (["tune", "--model", "tiny", "--tier", "24"], "argument --tier: --tier='24' is not a GPU memory tier"),
-    (["tune", "--model", "tiny", "--low", "1.5"], "argument --low: '1.5' is not a gpu_memory_utilization"),
-    (["tune", "--model", "tiny", "--resolution", "x"], "argument --resolution: 'x' is not a search step"),
-    (["tune", "--model", "tiny", "--max-startups", "0"], "argument --max-startups: '0' is not a positive"),
-    (["tune", "--model", "tiny", "--flag", "gpu_memory_utilization=0.5"], "what the tuner searches"),
-    (["tune", "--model", "tiny", "--flag", "=3"], "argument --flag: '=3' is not a vLLM flag"),
-    (["tune", "--model", "./no/such/folder"], "argument --model: model folder ./no/such/folder does not exist"),
-    (["tune"], "the following arguments are required: --model"),
-])
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["tune", "--model", "tiny", "--tier", "24"], "argument --tier: --tier='24' is not a GPU memory tier"),
+        (["tune", "--model", "tiny", "--low", "1.5"], "argument --low: '1.5' is not a gpu_memory_utilization"),
+        (["tune", "--model", "tiny", "--resolution", "x"], "argument --resolution: 'x' is not a search step"),
+        (["tune", "--model", "tiny", "--max-startups", "0"], "argument --max-startups: '0' is not a positive"),
+        (["tune", "--model", "tiny", "--flag", "gpu_memory_utilization=0.5"], "what the tuner searches"),
+        (["tune", "--model", "tiny", "--flag", "=3"], "argument --flag: '=3' is not a vLLM flag"),
+        (["tune", "--model", "./no/such/folder"], "argument --model: model folder ./no/such/folder does not exist"),
+        (["tune"], "the following arguments are required: --model"),
+    ],
+)
 def test_bad_arguments_exit_2_naming_the_input(argv: list[str], named: str, capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         cli.main(argv)
@@ -359,7 +416,9 @@ def test_help_lists_the_subcommands(capsys) -> None:
 
 
 def test_flags_parse_to_a_config() -> None:
-    args = cli.build_parser().parse_args(["tune", "--model", "tiny", "--flag", "max-model-len=1024", "--flag=--enforce-eager", "--env", "A=1"])
+    args = cli.build_parser().parse_args(
+        ["tune", "--model", "tiny", "--flag", "max-model-len=1024", "--flag=--enforce-eager", "--env", "A=1"]
+    )
     assert dict(args.flag) == {"max_model_len": "1024", "enforce_eager": True} and dict(args.env) == {"A": "1"}
     settings = cli.build_settings(args)
     assert settings.vllm_model == "tiny" and settings.vllm_gpu == "auto" and settings.vllm_max_servers == 1
@@ -381,28 +440,58 @@ def test_ctrl_c_stops_the_session_and_exits_130(monkeypatch: pytest.MonkeyPatch,
 def test_exit_codes_follow_the_recommendation(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     def fake_tune(state, config, **kwargs):
         fake = gpu_like(u_max=kwargs["high"] if kwargs["low"] < 0.5 else 0.1)
-        found = search(fake, low=kwargs["low"], high=kwargs["high"], resolution=kwargs["resolution"],
-                       max_startups=kwargs["max_startups"], goal="highest")
-        return tune_module.TuneResult(found, config.model, dict(config.flags), Tier("8gb", 8 * 10**9),
-                                      kwargs["load"], 1.0)
+        found = search(
+            fake,
+            low=kwargs["low"],
+            high=kwargs["high"],
+            resolution=kwargs["resolution"],
+            max_startups=kwargs["max_startups"],
+            goal="highest",
+        )
+        return tune_module.TuneResult(
+            found, config.model, dict(config.flags), Tier("8gb", 8 * 10**9), kwargs["load"], 1.0
+        )
 
     monkeypatch.setattr(cli, "tune", fake_tune)
     out = tmp_path / "tune.json"
-    assert cli.main(["tune", "--model", "tiny", "--low", "0.2", "--high", "0.4", "--json", str(out),
-                     "--cache-dir", str(tmp_path)]) == 0
+    assert (
+        cli.main(
+            [
+                "tune",
+                "--model",
+                "tiny",
+                "--low",
+                "0.2",
+                "--high",
+                "0.4",
+                "--json",
+                str(out),
+                "--cache-dir",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     assert '"recommended_utilization": 0.4' in out.read_text()
     assert cli.main(["tune", "--model", "tiny", "--low", "0.6", "--high", "0.9", "--cache-dir", str(tmp_path)]) == 1
 
 
-@pytest.mark.parametrize("load_per_gpu, outcome", [
-    ([5 * GIB, 5 * GIB], OK),  # 10 GiB in all, but each card holds 5: fits an 8 GB tier per GPU
-    ([5 * GIB, 9 * GIB], "tier_exceeded"),
-])
-def test_a_multi_gpu_trial_holds_the_fullest_gpu_against_the_tier(monkeypatch: pytest.MonkeyPatch,
-                                                                  load_per_gpu: list[int], outcome: str) -> None:
+@pytest.mark.parametrize(
+    "load_per_gpu, outcome",
+    [
+        ([5 * GIB, 5 * GIB], OK),  # 10 GiB in all, but each card holds 5: fits an 8 GB tier per GPU
+        ([5 * GIB, 9 * GIB], "tier_exceeded"),
+    ],
+)
+def test_a_multi_gpu_trial_holds_the_fullest_gpu_against_the_tier(
+    monkeypatch: pytest.MonkeyPatch, load_per_gpu: list[int], outcome: str
+) -> None:
     total = sum(load_per_gpu)
-    monkeypatch.setattr(tune_module, "measured_load",
-                        lambda server, **kw: _load_result(peak_memory_bytes=total, peak_memory_per_gpu=load_per_gpu))
+    monkeypatch.setattr(
+        tune_module,
+        "measured_load",
+        lambda server, **kw: _load_result(peak_memory_bytes=total, peak_memory_per_gpu=load_per_gpu),
+    )
     state = FakeState()
     state.start = lambda config: FakeServer(config, 4 * GIB, per_gpu=(2 * GIB, 2 * GIB))  # type: ignore[method-assign]
     trial = run_trial(state, VLLMConfig("tiny"), 0.9, LoadSpec(), state.tier, lambda line: None)

@@ -4,8 +4,8 @@ CUDA_VISIBLE_DEVICES are left alone."""
 from __future__ import annotations
 
 import pytest
-
 from fake_nvml import FakeGpu, FakeMig, FakeNvml, gpu_uuid, gpus, mig_uuid
+
 from pytest_vllm_mem.memory import detect_devices
 from pytest_vllm_mem.workers import WorkerDeviceError, assign_worker_gpus, worker_devices
 
@@ -53,9 +53,18 @@ def test_workers_get_gpus_by_uuid() -> None:
 
 def test_a_mig_host_hands_out_slices_not_cards() -> None:
     # GPU 0 whole; GPU 1 in MIG mode with two slices: three devices, the slices named by their MIG UUIDs.
-    host = FakeNvml([FakeGpu(gpu_uuid(0)),
-                     FakeGpu(gpu_uuid(1), name="NVIDIA A100-SXM4-80GB", mig_capable=True, mig_enabled=True,
-                             migs={0: FakeMig(mig_uuid(10)), 1: FakeMig(mig_uuid(11), gpu_instance=2)})])
+    host = FakeNvml(
+        [
+            FakeGpu(gpu_uuid(0)),
+            FakeGpu(
+                gpu_uuid(1),
+                name="NVIDIA A100-SXM4-80GB",
+                mig_capable=True,
+                mig_enabled=True,
+                migs={0: FakeMig(mig_uuid(10)), 1: FakeMig(mig_uuid(11), gpu_instance=2)},
+            ),
+        ]
+    )
     given = {}
     for index in range(3):
         env: dict[str, str] = {}

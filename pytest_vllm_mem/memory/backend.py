@@ -22,7 +22,7 @@ __all__ = ["detect_device", "detect_devices", "gpus_used", "make_probe", "server
 _UNSET = object()
 
 
-def detect_devices(visible: str | None | object = _UNSET, nvml: Any | None = None) -> tuple[DeviceInfo, ...]:
+def detect_devices(visible: str | object | None = _UNSET, nvml: Any | None = None) -> tuple[DeviceInfo, ...]:
     """The GPUs a process with CUDA_VISIBLE_DEVICES=`visible` gets (default: this process's), in CUDA's order.
 
     Resolved as vLLM resolves them (indexes, GPU-/MIG- UUIDs and unique prefixes; see Nvml.resolve). No NVML (no
@@ -83,8 +83,12 @@ def gpus_used(flags: Mapping[str, object]) -> int:
                     return 1  # vLLM refuses the flag itself; the probe need not guess
         return 1
 
-    return (size("tensor_parallel_size") * size("pipeline_parallel_size") * size("prefill_context_parallel_size")
-            * size("data_parallel_size_local", "data_parallel_size"))
+    return (
+        size("tensor_parallel_size")
+        * size("pipeline_parallel_size")
+        * size("prefill_context_parallel_size")
+        * size("data_parallel_size_local", "data_parallel_size")
+    )
 
 
 def server_devices(visible: Sequence[DeviceInfo], flags: Mapping[str, object]) -> tuple[DeviceInfo, ...]:

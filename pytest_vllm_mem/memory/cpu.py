@@ -248,4 +248,3 @@ class ProcessTreeProbe:
         for pid in list(self._peaks):
             self._forget(pid)
         self._processes.clear()
-

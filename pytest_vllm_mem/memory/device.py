@@ -6,7 +6,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["DeviceInfo", "DeviceError", "MemoryProbe", "ProbeReadError"]
+__all__ = ["DeviceError", "DeviceInfo", "MemoryProbe", "ProbeReadError"]
 
 
 @dataclass(frozen=True)

@@ -52,8 +52,9 @@ class NvmlProbe:
                 infos = [devices] if isinstance(devices, DeviceInfo) else list(devices)
                 resolved = [ResolvedDevice(info, self._nvml.handle_for(info)) for info in infos]
             if not resolved:
-                raise DeviceError("NvmlProbe needs at least one GPU: pass an NVML index or devices from "
-                                  "detect_devices().")
+                raise DeviceError(
+                    "NvmlProbe needs at least one GPU: pass an NVML index or devices from detect_devices()."
+                )
             self.devices = tuple(device.info for device in resolved)
             self.device = self.devices[0]
             self._handles = tuple(device.handle for device in resolved)
@@ -84,8 +85,10 @@ class NvmlProbe:
         with _CLAIMS_LOCK:
             _CLAIMS[id(self)] = tree
             others = frozenset().union(*(claim for key, claim in _CLAIMS.items() if key != id(self)))
-        ours = [[used for pid, used in processes.items()
-                 if pid in tree or (pid not in self._foreign and pid not in others)] for processes in running]
+        ours = [
+            [used for pid, used in processes.items() if pid in tree or (pid not in self._foreign and pid not in others)]
+            for processes in running
+        ]
         listed = [used for device in ours for used in device]
         if listed and all(used is not None for used in listed):
             self._seen_own_pid = True

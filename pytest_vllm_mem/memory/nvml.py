@@ -173,8 +173,10 @@ class Nvml:
         while True:
             function = getattr(self.module, name, None)
             if function is None:
-                raise NvmlError(f"NVML could not {what} of {label}: nvidia-ml-py has no {name}; install a current "
-                                "nvidia-ml-py (pip install -U nvidia-ml-py).")
+                raise NvmlError(
+                    f"NVML could not {what} of {label}: nvidia-ml-py has no {name}; install a current "
+                    "nvidia-ml-py (pip install -U nvidia-ml-py)."
+                )
             try:
                 return list(function(handle))
             except self._error_type as error:
@@ -239,8 +241,13 @@ class Nvml:
         parent = self.handle_by_index(info.index)
         if info.mig_index is None:
             return parent
-        return self.call(f"open MIG slot {info.mig_index}", f"GPU {info.index}",
-                         self.module.nvmlDeviceGetMigDeviceHandleByIndex, parent, info.mig_index)
+        return self.call(
+            f"open MIG slot {info.mig_index}",
+            f"GPU {info.index}",
+            self.module.nvmlDeviceGetMigDeviceHandleByIndex,
+            parent,
+            info.mig_index,
+        )
 
     def resolve(self, visible: str | None) -> list[ResolvedDevice]:
         """The devices CUDA gives a process whose CUDA_VISIBLE_DEVICES is `visible` (None = unset), in its order.
@@ -258,8 +265,10 @@ class Nvml:
         for entry in (part.strip() for part in visible.split(",")):
             device = catalogue.find(entry, visible)
             if any(device.info == seen.info for seen in resolved):
-                raise DeviceError(f"CUDA_VISIBLE_DEVICES={visible!r} names {entry!r} twice; CUDA then shows no GPU "
-                                  "at all. Name each GPU once.")
+                raise DeviceError(
+                    f"CUDA_VISIBLE_DEVICES={visible!r} names {entry!r} twice; CUDA then shows no GPU "
+                    "at all. Name each GPU once."
+                )
             resolved.append(device)
         return resolved
 
@@ -281,17 +290,21 @@ class _Catalogue:
         index = gpu.info.index
         assert index is not None
         if index not in self._slices:
-            self._slices[index] = [ResolvedDevice(self._nvml.describe_device(handle, index, slot), handle)
-                                   for slot, handle in self._nvml.mig_slices(gpu.handle, gpu.info.label)]
+            self._slices[index] = [
+                ResolvedDevice(self._nvml.describe_device(handle, index, slot), handle)
+                for slot, handle in self._nvml.mig_slices(gpu.handle, gpu.info.label)
+            ]
         return self._slices[index]
 
     def find(self, entry: str, visible: str) -> ResolvedDevice:
         gpus = self.gpus()
         if entry.isdigit():
             if int(entry) >= len(gpus):
-                raise DeviceError(f"CUDA_VISIBLE_DEVICES={visible!r} names GPU {entry}, but NVML sees {len(gpus)} "
-                                  f"GPU(s), numbered 0 to {len(gpus) - 1}. Use indexes, GPU-<uuid> or MIG-<uuid> "
-                                  "of GPUs that exist (`nvidia-smi -L` lists them).")
+                raise DeviceError(
+                    f"CUDA_VISIBLE_DEVICES={visible!r} names GPU {entry}, but NVML sees {len(gpus)} "
+                    f"GPU(s), numbered 0 to {len(gpus) - 1}. Use indexes, GPU-<uuid> or MIG-<uuid> "
+                    "of GPUs that exist (`nvidia-smi -L` lists them)."
+                )
             return gpus[int(entry)]
         if entry.startswith("MIG-GPU-") and entry.count("/") == 2:
             return self._legacy_mig(entry, visible)
@@ -299,9 +312,11 @@ class _Catalogue:
             return self._unique(entry, [s for gpu in gpus for s in self.slices(gpu)], visible, "MIG slice")
         if entry.startswith("GPU-"):
             return self._unique(entry, gpus, visible, "GPU")
-        raise DeviceError(f"CUDA_VISIBLE_DEVICES={visible!r} has the entry {entry!r}, which is not a GPU: accepted "
-                          "are NVML indexes (0,1), GPU-<uuid> and MIG-<uuid> or unique prefixes of them (`nvidia-smi "
-                          "-L` lists them), separated by commas.")
+        raise DeviceError(
+            f"CUDA_VISIBLE_DEVICES={visible!r} has the entry {entry!r}, which is not a GPU: accepted "
+            "are NVML indexes (0,1), GPU-<uuid> and MIG-<uuid> or unique prefixes of them (`nvidia-smi "
+            "-L` lists them), separated by commas."
+        )
 
     @staticmethod
     def _unique(entry: str, candidates: list[ResolvedDevice], visible: str, kind: str) -> ResolvedDevice:
@@ -309,22 +324,30 @@ class _Catalogue:
         if len(matches) == 1:
             return matches[0]
         which = "no" if not matches else f"{len(matches)}"
-        raise DeviceError(f"CUDA_VISIBLE_DEVICES={visible!r}: {entry!r} matches {which} {kind} UUID(s) on this host; "
-                          "name a UUID (or a prefix of exactly one) that `nvidia-smi -L` lists.")
+        raise DeviceError(
+            f"CUDA_VISIBLE_DEVICES={visible!r}: {entry!r} matches {which} {kind} UUID(s) on this host; "
+            "name a UUID (or a prefix of exactly one) that `nvidia-smi -L` lists."
+        )
 
     def _legacy_mig(self, entry: str, visible: str) -> ResolvedDevice:
-        gpu_uuid, gpu_instance, compute_instance = entry[len("MIG-"):].split("/")
+        gpu_uuid, gpu_instance, compute_instance = entry[len("MIG-") :].split("/")
         parent = self._unique(gpu_uuid, self.gpus(), visible, "GPU")
         module = self._nvml.module
         for device in self.slices(parent):
-            ids = (self._nvml.call("read the GPU instance", device.info.label, module.nvmlDeviceGetGpuInstanceId,
-                                   device.handle),
-                   self._nvml.call("read the compute instance", device.info.label,
-                                   module.nvmlDeviceGetComputeInstanceId, device.handle))
+            ids = (
+                self._nvml.call(
+                    "read the GPU instance", device.info.label, module.nvmlDeviceGetGpuInstanceId, device.handle
+                ),
+                self._nvml.call(
+                    "read the compute instance", device.info.label, module.nvmlDeviceGetComputeInstanceId, device.handle
+                ),
+            )
             if (str(ids[0]), str(ids[1])) == (gpu_instance, compute_instance):
                 return device
-        raise DeviceError(f"CUDA_VISIBLE_DEVICES={visible!r}: {parent.info.label} has no MIG slice with GPU instance "
-                          f"{gpu_instance} and compute instance {compute_instance}; `nvidia-smi -L` lists the slices.")
+        raise DeviceError(
+            f"CUDA_VISIBLE_DEVICES={visible!r}: {parent.info.label} has no MIG slice with GPU instance "
+            f"{gpu_instance} and compute instance {compute_instance}; `nvidia-smi -L` lists the slices."
+        )
 
 
 @contextmanager

@@ -7,7 +7,7 @@ import sys
 
 import psutil
 
-__all__ = ["process_tree", "process_name"]
+__all__ = ["process_name", "process_tree"]
 
 
 def process_tree(root_pid: int) -> set[int]:

@@ -40,8 +40,16 @@ class MemorySampler:
     thread has used so far. The probe belongs to the caller unless `close_probe`: then stop() closes it.
     """
 
-    def __init__(self, probe: MemoryProbe, root_pid: int, period_s: float | None = None, tree_refresh_s: float = 1.0,
-                 max_tree_refresh_s: float = 4.0, *, close_probe: bool = False) -> None:
+    def __init__(
+        self,
+        probe: MemoryProbe,
+        root_pid: int,
+        period_s: float | None = None,
+        tree_refresh_s: float = 1.0,
+        max_tree_refresh_s: float = 4.0,
+        *,
+        close_probe: bool = False,
+    ) -> None:
         if period_s is None:
             period_s = float(getattr(probe, "default_period_s", 0.05))
         if not period_s > 0:
@@ -198,5 +206,7 @@ class MemorySampler:
             if not self.missed_samples:
                 return None
             taken = len(self._times)
-        return (f"{self.missed_samples} of {self.missed_samples + taken} memory samples could not be read and are "
-                f"missing (peaks use the other samples): {self.missed_reason}")
+        return (
+            f"{self.missed_samples} of {self.missed_samples + taken} memory samples could not be read and are "
+            f"missing (peaks use the other samples): {self.missed_reason}"
+        )

@@ -67,15 +67,19 @@ class Handler(BaseHTTPRequestHandler):
 
 def main() -> None:
     print(f"(APIServer pid={os.getpid()}) INFO [api_utils.py:286] non-default args: {sys.argv[1:]}", flush=True)
-    compile_env = {name: os.environ.get(name) for name in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR",
-                                                             "VLLM_USE_AOT_COMPILE")}
+    compile_env = {
+        name: os.environ.get(name) for name in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "VLLM_USE_AOT_COMPILE")
+    }
     print(f"FAKE compile env: {json.dumps(compile_env)}", flush=True)
     if os.environ.get("FAKE_LOG_LINE"):  # a line real vLLM would log during startup, for the plugin to react to
         print(os.environ["FAKE_LOG_LINE"], flush=True)
     time.sleep(float(os.environ.get("FAKE_STARTUP_S", "0")))
     server = ThreadingHTTPServer((arg("--host", "127.0.0.1"), int(arg("--port", "0"))), Handler)
-    print(f"(APIServer pid={os.getpid()}) INFO [entry.py:140] Starting vLLM server on "
-          f"http://{server.server_address[0]}:{server.server_address[1]}", flush=True)
+    print(
+        f"(APIServer pid={os.getpid()}) INFO [entry.py:140] Starting vLLM server on "
+        f"http://{server.server_address[0]}:{server.server_address[1]}",
+        flush=True,
+    )
     server.serve_forever()
 
 

@@ -16,9 +16,11 @@ import subprocess
 import sys
 import time
 
-CHILD = ("import os, signal, time\n"
-         "if os.environ.get('HANG_IGNORE_TERM'): signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-         "time.sleep(3600)\n")
+CHILD = (
+    "import os, signal, time\n"
+    "if os.environ.get('HANG_IGNORE_TERM'): signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "time.sleep(3600)\n"
+)
 
 
 def arg(name: str, default: str) -> str:
@@ -46,8 +48,7 @@ def main() -> None:
         with open(os.environ["HANG_PIDS_FILE"], "w") as handle:
             handle.write(f"{pid} {child.pid} {detached.pid}\n")
     print(f"(EngineCore pid={child.pid}) INFO [core.py:133] Initializing a V1 LLM engine (v0.0.0-stub)", flush=True)
-    print(f"(Worker pid={child.pid}) INFO [cpu_model_runner.py:68] Starting to load model {model()}...",
-          flush=True)
+    print(f"(Worker pid={child.pid}) INFO [cpu_model_runner.py:68] Starting to load model {model()}...", flush=True)
     print(f"(Worker pid={child.pid}) INFO [stub] waiting for a lock that is never released", flush=True)
     time.sleep(3600)
 

@@ -42,8 +42,9 @@ def seed_flag_table(cache_dir: Path) -> Path:
     ensure_stub_executable()
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = cache_dir / f"vllm-options-v{_TABLE_FORMAT}-{_install_fingerprint(str(FAKE_PYTHON))}.json"
-    path.write_text(json.dumps({"version": "0.0.0-stub", "options": _STUB_FLAGS,
-                                "defaults": {"gpu_memory_utilization": 0.9}}))
+    path.write_text(
+        json.dumps({"version": "0.0.0-stub", "options": _STUB_FLAGS, "defaults": {"gpu_memory_utilization": 0.9}})
+    )
     return path
 
 
@@ -95,8 +96,13 @@ def kill_quietly(pids) -> None:
 def popen_pytest(cwd: Path, args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     """An inner pytest we can signal ourselves (pytester's runners cannot be interrupted mid-run)."""
     with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=cwd,
-                                stdout=out, stderr=subprocess.STDOUT, env=env)
+        return subprocess.Popen(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+            cwd=cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
 
 
 class Figures:
@@ -122,6 +128,8 @@ class Figures:
     def summary(self, title: str) -> str:
         timed = {name: s for name, s in self.scenarios.items() if s is not None}
         longest = max(timed.items(), key=lambda item: item[1]) if timed else ("-", 0.0)
-        return (f"[reliability] {title}: {len(self.scenarios)} fault scenarios tested; longest time from fault to "
-                f"failed test {longest[1]:.2f} s ({longest[0]}); processes left after the tests: {len(self.left())} "
-                f"(of {len(self.pids)} seen)")
+        return (
+            f"[reliability] {title}: {len(self.scenarios)} fault scenarios tested; longest time from fault to "
+            f"failed test {longest[1]:.2f} s ({longest[0]}); processes left after the tests: {len(self.left())} "
+            f"(of {len(self.pids)} seen)"
+        )
