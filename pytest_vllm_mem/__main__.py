@@ -14,9 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .cli_args import env_arg, print_line, split_flag, tier_arg
 from .plan_cli import add_plan_parser
 from .settings import Settings, UsageError
-from .tiers import TierError, parse_tier
 from .tune import (
     DEFAULT_MAX_STARTUPS,
     DEFAULT_RESOLUTION,
@@ -52,23 +52,11 @@ _positive_int = _number(int, lambda v: v >= 1, "a positive whole number")
 _positive_float = _number(float, lambda v: v > 0, "a positive number of seconds")
 
 
-def _tier(text: str) -> str:
-    try:
-        parse_tier(text, source="--tier")
-    except TierError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return text
-
-
 def _flag(text: str) -> tuple[str, Any]:
-    """`max_model_len=1024` (or `max-model-len=1024`, `--max-model-len=1024`) -> value; `enforce_eager` -> True."""
-    key, sep, value = text.partition("=")
-    key = key.strip().lstrip("-").replace("-", "_")
-    if not key or not key.replace("_", "").isalnum():
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a vLLM flag: write NAME=VALUE (max_model_len=1024) or a "
-            "bare NAME for an on/off flag (enforce_eager)"
-        )
+    key, value = split_flag(
+        text,
+        "is not a vLLM flag: write NAME=VALUE (max_model_len=1024) or a bare NAME for an on/off flag (enforce_eager)",
+    )
     if key == UTILIZATION_FLAG:
         raise argparse.ArgumentTypeError(
             f"{text!r}: {UTILIZATION_FLAG} is what the tuner searches; give its range with --low and --high"
@@ -78,16 +66,7 @@ def _flag(text: str) -> tuple[str, Any]:
             f"{text!r}: --{key} is set by the tuner itself (--model names the model; "
             "servers bind 127.0.0.1 on a free port)"
         )
-    return key, (value if sep else True)
-
-
-def _env(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not an environment variable: write NAME=VALUE, e.g. VLLM_CPU_KVCACHE_SPACE=1"
-        )
-    return key.strip(), value
+    return key, value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--model", required=True, help="model name, local folder, or 'tiny' (the built-in random-weight model)")
     add(
         "--tier",
-        type=_tier,
+        type=tier_arg,
         default="auto",
         help="GPU memory tier: 8gb, 16gb, 24gb, 40gb, 80gb, NNgb, NNgib or auto (the device's memory); the "
         "utilization is a fraction of the tier (default: auto)",
@@ -152,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--env",
-        type=_env,
+        type=env_arg,
         action="append",
         default=[],
         metavar="NAME=VALUE",
@@ -202,10 +181,6 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _print(line: str) -> None:
-    print(line, flush=True)  # flushed: a trial takes a minute, and the output is often a pipe (CI, subprocess)
-
-
 def run_tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .config import VLLMConfig
     from .server import stop_all_servers
@@ -234,7 +209,7 @@ def run_tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             max_startups=args.max_startups,
             goal=args.find,
             load=load,
-            out=_print,
+            out=print_line,
         )
     except (TuneError, UsageError) as error:
         parser.error(str(error))  # before any startup: bad input, exit 2

@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .cli_args import env_arg, print_line, split_flag, tier_arg
+
 EXIT_FITS, EXIT_DOES_NOT_FIT = 0, 1
 
 
@@ -25,40 +27,17 @@ def _installed_vllm_version() -> str | None:
     return None
 
 
-def _print(line: str) -> None:
-    print(line, flush=True)
-
-
-def _tier(text: str) -> str:
-    from .tiers import TierError, parse_tier
-
-    try:
-        parse_tier(text, source="--tier")
-    except TierError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return text
-
-
-def _env(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not an environment variable: write NAME=VALUE, e.g. VLLM_CPU_KVCACHE_SPACE=1"
-        )
-    return key.strip(), value
-
-
 def _plan_flag(text: str) -> tuple[str, Any]:
     """Like --flag of tune, but gpu_memory_utilization is a flag like any other here."""
-    key, sep, value = text.partition("=")
-    key = key.strip().lstrip("-").replace("-", "_")
-    if not key or not key.replace("_", "").isalnum() or key in ("model", "host", "port"):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a vLLM flag the plan reads: write NAME=VALUE "
-            "(max_model_len=4096, gpu_memory_utilization=0.8) or a bare NAME for an "
-            "on/off flag (enforce_eager); the model is --model"
-        )
-    return key, (value if sep else True)
+    invalid = (
+        "is not a vLLM flag the plan reads: write NAME=VALUE "
+        "(max_model_len=4096, gpu_memory_utilization=0.8) or a bare NAME for an "
+        "on/off flag (enforce_eager); the model is --model"
+    )
+    key, value = split_flag(text, invalid)
+    if key in ("model", "host", "port"):
+        raise argparse.ArgumentTypeError(f"{text!r} {invalid}")
+    return key, value
 
 
 def add_plan_parser(commands: Any) -> None:
@@ -74,7 +53,7 @@ def add_plan_parser(commands: Any) -> None:
     add("--model", required=True, help="local model folder, a hub name already in the local HF cache, or 'tiny'")
     add(
         "--tier",
-        type=_tier,
+        type=tier_arg,
         default="24gb",
         help="card size: 8gb, 16gb, 24gb, 40gb, 80gb, NNgb, NNgib, or auto (this machine's device) (default 24gb)",
     )
@@ -95,7 +74,7 @@ def add_plan_parser(commands: Any) -> None:
     )
     add(
         "--env",
-        type=_env,
+        type=env_arg,
         action="append",
         default=[],
         metavar="NAME=VALUE",
@@ -167,11 +146,11 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except (PlanError, ModelInfoError) as error:
         parser.error(str(error))
     for line in result.lines():
-        _print(line)
-    _print("")
-    _print(f"ladder of strategies on {card.name} (? = within the estimate range: uncertain)")
+        print_line(line)
+    print_line("")
+    print_line(f"ladder of strategies on {card.name} (? = within the estimate range: uncertain)")
     for line in ladder_table(rungs):
-        _print("  " + line)
+        print_line("  " + line)
     if args.json is not None:
         document = {
             "plan": result.to_dict(),

@@ -30,6 +30,7 @@ CORE_MODULES = (
     "pytest_vllm_mem.flagcheck",
     "pytest_vllm_mem.tiers",
     "pytest_vllm_mem.tune",
+    "pytest_vllm_mem.cli_args",
     "pytest_vllm_mem.plan_cli",
     "pytest_vllm_mem.__main__",
 )
