@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_vllm_mem.known_models import KNOWN_CONFIGS
 from pytest_vllm_mem.modelinfo import (
     ModelInfoError,
     architecture_weight_bytes,
@@ -27,28 +28,10 @@ from pytest_vllm_mem.plan import (
     plan,
 )
 
-# Public config.json figures (Hugging Face model cards), trimmed to what the plan reads.
-LLAMA2_7B = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 11008,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 32,
-    "vocab_size": 32000,
-    "max_position_embeddings": 4096,
-    "torch_dtype": "float16",
-    "tie_word_embeddings": False,
-}
-LLAMA3_8B = {
-    **LLAMA2_7B,
-    "intermediate_size": 14336,
-    "num_key_value_heads": 8,
-    "vocab_size": 128256,
-    "max_position_embeddings": 8192,
-    "torch_dtype": "bfloat16",
-}
+# Public config.json figures (Hugging Face model cards), trimmed to what the plan reads: the plugin's built-in copies,
+# so a test and the preflight of a model that was never downloaded read the same figures.
+LLAMA2_7B = KNOWN_CONFIGS["meta-llama/Llama-2-7b-hf"]
+LLAMA3_8B = KNOWN_CONFIGS["meta-llama/Meta-Llama-3-8B"]
 LLAMA3_70B = {
     **LLAMA3_8B,
     "hidden_size": 8192,
