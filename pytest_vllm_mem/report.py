@@ -145,6 +145,11 @@ def _upgrade_title(old: str, new: str, count: int) -> str:
     return f"vLLM upgrade {old} -> {new}: {tests} compared with the vLLM {old} baseline (no {new} entry yet)"
 
 
+def _upgrade_header(old: str, new: str) -> list[str]:
+    """The upgrade table's columns (terminal and markdown), the two versions named."""
+    return [UPGRADE_COLUMNS[0], f"vLLM {old}", f"vLLM {new}", *UPGRADE_COLUMNS[3:]]
+
+
 def _upgrade_notes(records: list[TestRecord]) -> list[str]:
     notes = dict.fromkeys(c["note"] for record in records for c in record.comparisons if c.get("note"))
     return [f"* {note}" for note in notes]
@@ -161,8 +166,7 @@ def upgrade_lines(records: list[TestRecord]) -> list[str]:
                 f"{_short_test_id(record.test_id)}: baseline {baseline.get('env')}, recorded "
                 f"{baseline.get('recorded_at')}, commit {baseline.get('commit') or 'unknown'}"
             )
-            header = [UPGRADE_COLUMNS[0], f"vLLM {old}", f"vLLM {new}", *UPGRADE_COLUMNS[3:]]
-            lines.extend("  " + line for line in format_table(upgrade_rows(record), header))
+            lines.extend("  " + line for line in format_table(upgrade_rows(record), _upgrade_header(old, new)))
         lines.extend(_upgrade_notes(group))
     return lines
 
@@ -177,8 +181,7 @@ def upgrade_markdown(records: list[TestRecord]) -> str:
                 f"**{_short_test_id(record.test_id)}** (baseline recorded {baseline.get('recorded_at')}, "
                 f"commit {baseline.get('commit') or 'unknown'})\n"
             )
-            header = [UPGRADE_COLUMNS[0], f"vLLM {old}", f"vLLM {new}", *UPGRADE_COLUMNS[3:]]
-            parts.append(_markdown_rows(header, upgrade_rows(record)))
+            parts.append(_markdown_rows(_upgrade_header(old, new), upgrade_rows(record)))
         notes = _upgrade_notes(group)
         if notes:
             parts.append("\n".join(notes) + "\n")
