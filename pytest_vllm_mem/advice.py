@@ -566,14 +566,18 @@ def _peak_over_tier(config: VLLMConfig, memory: StartupMemory | None, tier_bytes
     target = round(_floor_to(current * tier / peak, 0.01) - MARGIN, 2)
     if target <= 0.05:
         return [f"peak {peak:.2f} GiB exceeds the {label} tier by {over:.2f} GiB: this model does not fit the tier"]
-    rungs = [
+    return _then_shorter_context(
         f"peak {peak:.2f} GiB exceeds the {label} tier by {over:.2f} GiB: gpu_memory_utilization "
-        f"{shown} -> {_fmt(target)}"
-    ]
+        f"{shown} -> {_fmt(target)}",
+        config,
+        memory,
+    )
+
+
+def _then_shorter_context(rung: str, config: VLLMConfig, memory: StartupMemory | None) -> list[str]:
+    """A peak-over-tier fix, then a shorter max_model_len when the log says how many tokens the KV cache holds."""
     shorter = _shorter_context(config, memory)
-    if shorter:
-        rungs.append(shorter)
-    return rungs
+    return [rung, shorter] if shorter else [rung]
 
 
 def _peak_over_tier_from_budget(
@@ -595,14 +599,12 @@ def _peak_over_tier_from_budget(
             "its budget): use a quantized model or a larger tier"
         ]
     kv = f"; {kv_left:.2f} GiB of it stays for the KV cache" if kv_left is not None else ""
-    rungs = [
+    return _then_shorter_context(
         f"{head}: gpu_memory_utilization {shown} -> {_fmt(target)} (a {target * total:.2f} GiB budget of the "
-        f"{total:.2f} GiB device, plus the {outside:.2f} GiB vLLM used outside its budget, fits the tier{kv})"
-    ]
-    shorter = _shorter_context(config, memory)
-    if shorter:
-        rungs.append(shorter)
-    return rungs
+        f"{total:.2f} GiB device, plus the {outside:.2f} GiB vLLM used outside its budget, fits the tier{kv})",
+        config,
+        memory,
+    )
 
 
 def advise(
