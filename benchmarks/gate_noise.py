@@ -7,12 +7,17 @@ regressed ones (max_num_seqs=4, 3 and 2 under a concurrency of 8: fewer sequence
 run of the same config come from different servers at different times, as in CI. Every load's result is kept.
 
 Evaluate: a "run" is `repeat` consecutive loads of one session; the baseline is `repeat` loads of another session.
-Each pair goes through the plugin's real code (TestRecord.metrics / metric_samples, BaselineEntry.from_runs, and the
-comparison) once with the old rule and once with the new one; a same-config pair that fails is a false failure, a
-regressed pair that fails on a throughput or latency metric is a detection.
+Each pair goes through the plugin's real code (metrics.record_samples, BaselineEntry.from_samples, and the
+comparison) with the old rule, the new one, and the new one with history: the baseline entry as a CI that refreshed
+it once per session would have accumulated it (BaselineEntry.continuing, what BaselineStore.update calls, over the
+other same-config sessions, then the baseline's own), so the judge sees earlier sessions' medians. A same-config
+pair that fails is a false failure, a regressed pair that fails on a throughput or latency metric is a detection.
 
-    python benchmarks/gate_noise.py [--quick] [--json results/gate_noise.json]   # collect (e2e lock) and evaluate
-    python benchmarks/gate_noise.py --from results/gate_noise.json               # evaluate saved loads again
+`--layout history` (the default) starts more, shorter sessions (6 same-config ones of 6 loads, 2 regressed ones) so
+that there are earlier sessions to keep; `--layout classic` is the first layout (3 + 3 sessions, 15 loads each).
+
+    python benchmarks/gate_noise.py [--quick] [--layout history|classic] [--json results/gate_noise.json]
+    python benchmarks/gate_noise.py --from results/gate_noise.json [more.json ...]   # evaluate saved loads again
 """
 
 from __future__ import annotations
@@ -45,6 +50,19 @@ SESSIONS: tuple[tuple[str, dict[str, Any], int], ...] = (
     ("same-3", {}, 15),
     ("max_num_seqs=2", {"max_num_seqs": 2}, 6),
 )
+# Sessions are what the history needs: six of the same config (each one can be "now" with up to five earlier ones
+# kept), shorter so the whole collection stays near 10 minutes on 2 cores.
+HISTORY_SESSIONS: tuple[tuple[str, dict[str, Any], int], ...] = (
+    ("same-1", {}, 6),
+    ("same-2", {}, 6),
+    ("max_num_seqs=4", {"max_num_seqs": 4}, 3),
+    ("same-3", {}, 6),
+    ("same-4", {}, 6),
+    ("max_num_seqs=2", {"max_num_seqs": 2}, 3),
+    ("same-5", {}, 6),
+    ("same-6", {}, 6),
+)
+LAYOUTS = {"classic": SESSIONS, "history": HISTORY_SESSIONS}
 QUICK_LOADS = {SAME: 6, "max_num_seqs=4": 3, "max_num_seqs=3": 3, "max_num_seqs=2": 3}
 
 
@@ -55,7 +73,7 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def collect(quick: bool, out: Path) -> dict[str, Any]:
+def collect(quick: bool, out: Path, layout: str = "history", budget_s: float | None = None) -> dict[str, Any]:
     """Start each session's server once, run its loads, keep everything the plugin's record would hold."""
     from agreement import start_tiny_server
 
@@ -66,10 +84,16 @@ def collect(quick: bool, out: Path) -> dict[str, Any]:
         "load": LOAD,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "nproc": os.cpu_count(),
+        "layout": layout,
+        "load_average_before": os.getloadavg(),
         "sessions": [],
     }
     started = time.monotonic()
-    for name, flags, loads in SESSIONS:
+    for name, flags, loads in LAYOUTS[layout]:
+        if budget_s is not None and time.monotonic() - started > budget_s:
+            print(f"budget of {budget_s:g} s spent: {name} and later sessions not started", flush=True)
+            data["skipped"] = [*data.get("skipped", []), name]
+            continue
         if quick:
             loads = QUICK_LOADS[SAME if name.startswith(SAME) else name]
         t0 = time.monotonic()
@@ -98,6 +122,7 @@ def collect(quick: bool, out: Path) -> dict[str, Any]:
             state.close()
         data["sessions"].append(session)
         data["collect_s"] = time.monotonic() - started
+        data["load_average_after"] = os.getloadavg()
         _write_json(out, data)  # after every session: a crash keeps what was measured
         print(f"{name}: startup {startup_s:.0f} s, {time.monotonic() - started:.0f} s so far", flush=True)
     return data
@@ -107,15 +132,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a few loads per session (a smoke test, not figures)")
     parser.add_argument("--json", default=str(ROOT / "results" / "gate_noise.json"), help="where the loads go")
-    parser.add_argument("--from", dest="source", help="evaluate the loads saved in this file; start no server")
+    parser.add_argument("--budget-s", type=float, help="start no session after this many seconds (a shared machine)")
+    parser.add_argument("--layout", choices=sorted(LAYOUTS), default="history", help="which sessions to start")
+    parser.add_argument(
+        "--from",
+        dest="source",
+        nargs="+",
+        help="evaluate the loads saved in these files (their sessions together, in order); start no server",
+    )
     args = parser.parse_args()
     if args.source:
-        data = json.loads(Path(args.source).read_text())
+        data = merge([json.loads(Path(path).read_text()) for path in args.source])
     else:
-        data = collect(args.quick, Path(args.json))
+        data = collect(args.quick, Path(args.json), args.layout, args.budget_s)
     figures = evaluate_and_print(data)
     if args.source is None or args.json != parser.get_default("json"):
         _write_json(Path(args.json), {**data, "evaluation": figures})
+
+
+def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    """One document of several collections' sessions, in file order; names get the file's number when several."""
+    if len(documents) == 1:
+        return documents[0]
+    sessions = [
+        {**session, "name": f"{session['name']}@{i + 1}"}
+        for i, doc in enumerate(documents)
+        for session in doc["sessions"]
+    ]
+    return {**documents[0], "sessions": sessions, "merged_from": [doc.get("date") for doc in documents]}
 
 
 # ---- evaluation ---------------------------------------------------------------------------------------------------
@@ -159,6 +203,7 @@ class Rule:
     name: str
     judge: Callable[..., Any]
     tolerances: dict[str, Any]
+    history: bool = False  # the baseline entry keeps earlier sessions' medians
 
 
 def rules() -> list[Rule]:
@@ -170,6 +215,7 @@ def rules() -> list[Rule]:
     return [
         Rule("old: fixed tolerances", tolerance_judge, old),
         Rule("new: noise-scaled (plugin defaults)", noise_aware_judge, resolve_tolerances({}, {}, {})),
+        Rule("new + history of earlier sessions", noise_aware_judge, resolve_tolerances({}, {}, {}), history=True),
     ]
 
 
@@ -220,16 +266,23 @@ def judge_pair(
     now_loads: list[dict[str, Any]],
     *,
     strict: bool = False,
+    earlier: tuple[tuple[dict[str, Any], list[dict[str, Any]]], ...] = (),
 ) -> list[Any]:
     """The comparisons the plugin makes for a test whose baseline was recorded from `base_loads` and which now ran
-    `now_loads`; the failing ones (not strict)."""
+    `now_loads`; the failing ones (not strict). `earlier`: (session, loads) recorded before the baseline, oldest
+    first, each refreshing the entry as --vllm-update-baseline does (with rule.history)."""
     from pytest_vllm_mem.baseline_store import BaselineEntry, EnvKey
     from pytest_vllm_mem.compare import compare, gate_failures
+    from pytest_vllm_mem.metrics import METRICS
+    from pytest_vllm_mem.noise import is_noisy
 
     env = EnvKey("auto", "cpu", "0.32.0")
-    entry = BaselineEntry.from_samples(
-        "gate_noise", env, _samples(base_session, base_loads), config=base_session["launched"]
-    )
+    noisy = {name for name, metric in METRICS.items() if is_noisy(metric)}
+    entry: BaselineEntry | None = None
+    for session, loads in (*(earlier if rule.history else ()), (base_session, base_loads)):
+        fresh = BaselineEntry.from_samples("gate_noise", env, _samples(session, loads), config=base_session["launched"])
+        entry = fresh.continuing(entry, metrics=noisy)
+    assert entry is not None
     tolerances = {name: rule.tolerances[name] for name in rule.tolerances}
     # Metrics a rule has no tolerance for (report-only under it) are not gated: pass the plugin's own mapping.
     comparisons = compare(entry, _samples(now_session, now_loads), tolerances, judge=rule.judge)
@@ -239,6 +292,21 @@ def judge_pair(
 # Throughput drops put onto the measured same-config loads: the machine's real noise, a known regression. Only the
 # two throughput figures move (latencies stay as measured), so these count what the throughput gate alone catches.
 INJECTED = (0.15, 0.30, 0.70)
+
+
+def _earlier(
+    same: list[dict[str, Any]], exclude: tuple[dict[str, Any], ...], index: int, repeat: int
+) -> tuple[tuple[dict[str, Any], list[dict[str, Any]]], ...]:
+    """The earlier recordings of a baseline: one run of `repeat` loads of each other same-config session (not the
+    baseline's, not now's), in session order. A CI's earlier sessions all precede the baseline; here they are the
+    benchmark's other sessions, before and after it (the machine's scatter between sessions is what they carry)."""
+    earlier = []
+    for session in same:
+        chunks = _chunks(session, repeat)
+        if any(session is x for x in exclude) or not chunks:
+            continue
+        earlier.append((session, chunks[index % len(chunks)]))
+    return tuple(earlier)
 
 
 def _slower(load: dict[str, Any], drop: float) -> dict[str, Any]:
@@ -262,32 +330,38 @@ def evaluate(data: dict[str, Any]) -> dict[str, Any]:
         for rule in rules():
             row: dict[str, Any] = {"repeat": repeat, "rule": rule.name}
             pairs = [
-                (b, bl, n, nl)
+                (b, bl, n, nl, _earlier(same, (b, n), i, repeat))
                 for b in same
                 for n in same
                 if b is not n
-                for bl, nl in zip(_chunks(b, repeat), _chunks(n, repeat))
+                for i, (bl, nl) in enumerate(zip(_chunks(b, repeat), _chunks(n, repeat)))
             ]
             failed: dict[str, int] = {}
             runs_failed = 0
-            for b, bl, n, nl in pairs:
-                failures = judge_pair(rule, b, bl, n, nl)
+            kept: list[int] = []
+            for b, bl, n, nl, earlier in pairs:
+                failures = judge_pair(rule, b, bl, n, nl, earlier=earlier)
+                kept.append(len(earlier) if rule.history else 0)
                 runs_failed += bool(failures)
                 for c in failures:
                     failed[c.metric] = failed.get(c.metric, 0) + 1
             # "update?": the summary's hint that a metric improved beyond tolerance (fails only in strict mode).
-            update = sum(any(c.status == "improved" for c in judge_pair(rule, *pair, strict=True)) for pair in pairs)
+            update = sum(
+                any(c.status == "improved" for c in judge_pair(rule, b, bl, n, nl, strict=True, earlier=earlier))
+                for b, bl, n, nl, earlier in pairs
+            )
             row["same"] = {"runs": len(pairs), "failed": runs_failed, "by_metric": failed, "update_hint": update}
+            row["earlier_sessions"] = sorted(set(kept))
             for drop in INJECTED:
                 caught = sum(
                     bool(
                         [
                             c
-                            for c in judge_pair(rule, b, bl, n, [_slower(load, drop) for load in nl])
+                            for c in judge_pair(rule, b, bl, n, [_slower(load, drop) for load in nl], earlier=earlier)
                             if c.metric in NOISY
                         ]
                     )
-                    for b, bl, n, nl in pairs
+                    for b, bl, n, nl, earlier in pairs
                 )
                 row[f"injected -{drop:.0%}"] = {"runs": len(pairs), "caught": caught}
             for r in regressed:
@@ -299,8 +373,10 @@ def evaluate(data: dict[str, Any]) -> dict[str, Any]:
                     for i, bl in enumerate(_chunks(b, repeat)):
                         if not now_chunks:
                             continue
+                        now_loads = now_chunks[i % len(now_chunks)]
+                        earlier = _earlier(same, (b,), i, repeat)
                         failures = [
-                            c for c in judge_pair(rule, b, bl, r, now_chunks[i % len(now_chunks)]) if c.metric in NOISY
+                            c for c in judge_pair(rule, b, bl, r, now_loads, earlier=earlier) if c.metric in NOISY
                         ]
                         trials += 1
                         caught += bool(failures)
@@ -390,6 +466,8 @@ def evaluate_and_print(data: dict[str, Any]) -> dict[str, Any]:
         for key, value in row.items():
             if isinstance(value, dict) and key != "same":
                 cells.append(f"{key} caught {value['caught']}/{value['runs']}")
+        if row.get("earlier_sessions", [0]) != [0]:
+            cells.append(f"earlier sessions kept {row['earlier_sessions']}")
         print(f"  repeat {row['repeat']}  {row['rule']:<38} " + "; ".join(cells))
     return figures
 

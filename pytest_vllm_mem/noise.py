@@ -38,6 +38,11 @@ _Z_POWER = 1.645
 # no k removes is a shift between sessions: a second run's sessions had medians 624, 700 and 784 tok/s, each within
 # 8-16%, and k=4 failed 4 of 30 (k=5: 4 of 30). Only earlier sessions' medians (`history`) can show that noise.
 DEFAULT_K = 4.0
+# Standard errors a change must exceed when the spread of earlier sessions' medians set them: that spread is the noise
+# between two sessions itself, so k = 4's margin for drift is not needed. On the two benchmark runs' six sessions
+# (pooled, 3 vs 3 with 4 earlier sessions) k = 3 failed 4 of 150 healthy runs and caught 138 of 150 70% drops; k = 4
+# failed 2 and caught 103 (benchmarks/gate_noise.py --from both files).
+DEFAULT_K_HISTORY = 3.0
 # Earlier sessions needed before their spread is weighed: with the baseline's own session, three session medians
 # (two are one difference, a spread estimate too rough to lean on).
 MIN_HISTORY = 2
@@ -113,7 +118,7 @@ class Decision:
     stderr: float | None  # standard error of the change on the log scale (about relative); None: no spread known
     threshold: float  # a worsening beyond this fraction fails: max(floor, k x stderr), back from the log scale
     floor: float  # the tolerance: the smallest change that can fail, however quiet the runs
-    k: float
+    k: float  # the multiple of stderr that set the noise limit (k, or k_history when earlier sessions set it)
     detectable: float  # a true worsening this large is caught 95% of the time (threshold + 1.645 x stderr)
     n_baseline: int
     n_now: int
@@ -161,6 +166,7 @@ def decide(
     floor: float,
     k: float = DEFAULT_K,
     history: Sequence[float] = (),
+    k_history: float = DEFAULT_K_HISTORY,
 ) -> Decision:
     """Judge `now` (this run's repeats) against `baseline` (the baseline's runs). `floor` is the tolerance as a
     fraction of the baseline median; `history` holds medians of earlier sessions of the same test (the baseline
@@ -168,8 +174,8 @@ def decide(
     MIN_HISTORY earlier sessions on, their spread is weighed."""
     if len(baseline) == 0 or len(now) == 0:
         raise NoiseError(f"a decision needs values on both sides, got {len(baseline)} baseline and {len(now)} now")
-    if not (math.isfinite(floor) and floor >= 0) or not (math.isfinite(k) and k >= 0):
-        raise NoiseError(f"floor and k must be finite and not negative, got floor={floor!r}, k={k!r}")
+    if not (math.isfinite(floor) and floor >= 0) or not all(math.isfinite(x) and x >= 0 for x in (k, k_history)):
+        raise NoiseError(f"floor and k must be finite and not negative, got floor={floor!r}, k={k!r}, {k_history!r}")
     _logs([*baseline, *now, *history])
     base_median, now_median = median(baseline), median(now)
     change = (now_median - base_median) / base_median
@@ -185,8 +191,9 @@ def decide(
     # change is a difference of two session medians, so its variance is twice that of one. That already holds the
     # within-session part, so the larger of the two estimates is taken, not their sum (no noise counted twice).
     between = pooled_spread([*history, base_median]) if len(history) >= MIN_HISTORY else None
-    if between is not None:
-        variance = max(variance, 2 * between**2)
+    if between is not None and 2 * between**2 > variance:
+        # Measured between sessions, the noise needs no margin for drift the repeats cannot see: k_history.
+        variance, k = 2 * between**2, k_history
     stderr = math.sqrt(variance) if (within is not None or between is not None) else None
     noise = k * stderr if stderr is not None else 0.0
     # A hair of slack so a change of exactly the tolerance passes despite float rounding.
@@ -228,6 +235,7 @@ class NoiseJudge:
     floor; memory and KV figures by the fixed band (compare.tolerance_judge)."""
 
     k: float = DEFAULT_K
+    k_history: float = DEFAULT_K_HISTORY
 
     def __call__(self, metric: Metric, baseline: Sample, now: Sample, tolerance: Tolerance) -> Verdict:
         positive = baseline.median > 0 and all(v > 0 for v in (*baseline.values, *now.values))
@@ -242,6 +250,7 @@ class NoiseJudge:
             higher_is_better=metric.higher_is_better,
             floor=floor,
             k=self.k,
+            k_history=self.k_history,
             history=[v for v in baseline.history if math.isfinite(v) and v > 0],
         )
         return Verdict(decision.status, decision.detail())

@@ -105,6 +105,8 @@ def test_history_of_earlier_sessions_widens_the_noise() -> None:
     assert widened.between is not None and widened.stderr == pytest.approx(math.sqrt(2) * widened.between)
     assert widened.stderr is not None and alone.stderr is not None and widened.stderr > 5 * alone.stderr
     assert widened.summary().endswith(", 3 runs vs 3, 5 earlier sessions")
+    # Measured between sessions, the noise takes k_history (3), not k's margin for unseen drift (4).
+    assert widened.k == 3.0 and alone.k == 4.0 and "(3 x " in widened.limit_text()
     # A 70% drop stands out of even that session-to-session scatter.
     assert decide(base, [300.0, 301.0, 299.0], higher_is_better=True, floor=0.10, history=history).status == "regressed"
 
