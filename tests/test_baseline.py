@@ -615,3 +615,22 @@ def test_a_malformed_history_is_one_paragraph_naming_the_entry(tmp_path: Path) -
     with pytest.raises(BaselineError):
         BaselineStore(path).update([entry()])
     assert path.read_bytes() == before
+
+
+def test_the_gates_store_keeps_history_for_throughput_and_latency_only(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from pytest_vllm_mem.gate import Gate
+
+    settings = SimpleNamespace(
+        vllm_baseline=tmp_path / "baselines.json",
+        vllm_update_baseline=True,
+        vllm_require_baseline=False,
+        vllm_strict=False,
+    )
+    gate = Gate(settings)
+    for value in (1000.0, 900.0):
+        samples = {"output_throughput": [value, value + 10], "ttft_p50": [40.0], "startup_peak_memory": [2e9]}
+        gate.store.update([BaselineEntry.from_samples("t", ENV, samples, config="c")])
+    got = BaselineStore(settings.vllm_baseline).load()[("t", ENV.as_str())]
+    assert got.history == {"output_throughput": [1005.0], "ttft_p50": [40.0]}
