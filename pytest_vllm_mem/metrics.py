@@ -75,7 +75,6 @@ class Tolerance:
         return " or ".join(parts)
 
 
-
 class Measured(Protocol):
     """What a metric reads: a test record's startup outcome, vLLM's logged memory figures and its loads (as dicts,
     the form TestRecord keeps and the results JSON stores)."""
@@ -145,8 +144,16 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _gated(name: str, unit: str, higher: bool, relative: float, description: str, scope: Scope,
-           path: tuple[str, ...], **extra: Any) -> Metric:
+def _gated(
+    name: str,
+    unit: str,
+    higher: bool,
+    relative: float,
+    description: str,
+    scope: Scope,
+    path: tuple[str, ...],
+    **extra: Any,
+) -> Metric:
     return Metric(name, unit, higher, Tolerance(relative=relative, unit=unit), description, scope, path, **extra)
 
 
@@ -160,36 +167,120 @@ def _figure(name: str, unit: str, higher: bool, description: str, path: tuple[st
 METRICS: dict[str, Metric] = {
     m.name: m
     for m in (
-        _figure("weights_memory", "bytes", False, "memory the weights took (vLLM's 'Model loading took')",
-                ("memory", "weights_gib"), scale=GIB),
-        _figure("kv_cache_memory", "bytes", True, "memory of the KV cache pool vLLM planned",
-                ("memory", "kv_cache_gib"), scale=GIB, kv_sized=True),
-        _gated("kv_cache_tokens", "tokens", True, 0.05, "KV cache size in tokens reported at startup", "server",
-               ("memory", "kv_cache_tokens"), kv_sized=True),
-        _figure("max_concurrency", "x", True, "requests of max_model_len tokens the KV cache holds at once",
-                ("memory", "max_concurrency"), kv_sized=True),
-        _figure("graph_memory", "bytes", False, "memory of the captured CUDA graphs",
-                ("memory", "graph_capture_gib"), scale=GIB),
-        _gated("startup_peak_memory", "bytes", False, 0.05, "peak device memory while the server started", "server",
-               ("startup", "peak_memory_bytes"), kv_sized=True),
-        _gated("load_peak_memory", "bytes", False, 0.05, "peak device memory while serving the load", "load",
-               ("peak_memory_bytes",), kv_sized=True),
-        _gated("output_throughput", "tok/s", True, 0.10, "generated tokens per second over the load", "load",
-               ("output_throughput",)),
-        _gated("request_throughput", "req/s", True, 0.10, "completed requests per second over the load", "load",
-               ("request_throughput",)),
+        _figure(
+            "weights_memory",
+            "bytes",
+            False,
+            "memory the weights took (vLLM's 'Model loading took')",
+            ("memory", "weights_gib"),
+            scale=GIB,
+        ),
+        _figure(
+            "kv_cache_memory",
+            "bytes",
+            True,
+            "memory of the KV cache pool vLLM planned",
+            ("memory", "kv_cache_gib"),
+            scale=GIB,
+            kv_sized=True,
+        ),
+        _gated(
+            "kv_cache_tokens",
+            "tokens",
+            True,
+            0.05,
+            "KV cache size in tokens reported at startup",
+            "server",
+            ("memory", "kv_cache_tokens"),
+            kv_sized=True,
+        ),
+        _figure(
+            "max_concurrency",
+            "x",
+            True,
+            "requests of max_model_len tokens the KV cache holds at once",
+            ("memory", "max_concurrency"),
+            kv_sized=True,
+        ),
+        _figure(
+            "graph_memory",
+            "bytes",
+            False,
+            "memory of the captured CUDA graphs",
+            ("memory", "graph_capture_gib"),
+            scale=GIB,
+        ),
+        _gated(
+            "startup_peak_memory",
+            "bytes",
+            False,
+            0.05,
+            "peak device memory while the server started",
+            "server",
+            ("startup", "peak_memory_bytes"),
+            kv_sized=True,
+        ),
+        _gated(
+            "load_peak_memory",
+            "bytes",
+            False,
+            0.05,
+            "peak device memory while serving the load",
+            "load",
+            ("peak_memory_bytes",),
+            kv_sized=True,
+        ),
+        _gated(
+            "output_throughput",
+            "tok/s",
+            True,
+            0.10,
+            "generated tokens per second over the load",
+            "load",
+            ("output_throughput",),
+        ),
+        _gated(
+            "request_throughput",
+            "req/s",
+            True,
+            0.10,
+            "completed requests per second over the load",
+            "load",
+            ("request_throughput",),
+        ),
         _gated("ttft_p50", "ms", False, 0.20, "median time to first token", "load", ("ttft_ms", "p50")),
         # Reported, gated only with a tolerance set for it: of a few dozen requests the p99 is the slowest one, and it
         # moved +177% to +300% between healthy runs (issue 15).
-        Metric("ttft_p99", "ms", False, None, "99th percentile time to first token", "load", ("ttft_ms", "p99"),
-               opt_in=True),
-        _gated("tpot_p50", "ms", False, 0.20, "median time per output token after the first", "load",
-               ("tpot_ms", "p50")),
+        Metric(
+            "ttft_p99",
+            "ms",
+            False,
+            None,
+            "99th percentile time to first token",
+            "load",
+            ("ttft_ms", "p99"),
+            opt_in=True,
+        ),
+        _gated(
+            "tpot_p50", "ms", False, 0.20, "median time per output token after the first", "load", ("tpot_ms", "p50")
+        ),
         _figure("startup_time", "s", False, "seconds from launch until the server answered", ("startup", "duration_s")),
-        _figure("requested_memory", "bytes", False, "memory vLLM reserved: utilization x device memory (CPU log)",
-                ("memory", "requested_gib"), scale=GIB),
-        _figure("device_memory", "bytes", True, "memory vLLM sized its reservation from (CPU: the NUMA node)",
-                ("memory", "device_total_gib"), scale=GIB),
+        _figure(
+            "requested_memory",
+            "bytes",
+            False,
+            "memory vLLM reserved: utilization x device memory (CPU log)",
+            ("memory", "requested_gib"),
+            scale=GIB,
+        ),
+        _figure(
+            "device_memory",
+            "bytes",
+            True,
+            "memory vLLM sized its reservation from (CPU: the NUMA node)",
+            ("memory", "device_total_gib"),
+            scale=GIB,
+        ),
     )
 }
 GATED: tuple[str, ...] = tuple(name for name, metric in METRICS.items() if metric.gated)
@@ -253,8 +344,10 @@ def parse_tolerance(text: str, metric: Metric) -> Tolerance:
 def _unknown_metric(name: str, where: str) -> ToleranceError:
     known = ", ".join(name for name, metric in METRICS.items() if metric.gated or metric.opt_in)
     if name in METRICS:
-        return ToleranceError(f"{where}{name} is a report-only figure: it is shown next to its baseline but never "
-                              f"gated, so it takes no tolerance. Gated metrics: {known}.")
+        return ToleranceError(
+            f"{where}{name} is a report-only figure: it is shown next to its baseline but never "
+            f"gated, so it takes no tolerance. Gated metrics: {known}."
+        )
     return ToleranceError(f"{where}unknown metric {name!r}. Known metrics: {known}.")
 
 
@@ -318,8 +411,9 @@ def resolve_tolerances(
     cli: Mapping[str, Tolerance], ini: Mapping[str, Tolerance], marker: Mapping[str, Tolerance]
 ) -> dict[str, Tolerance]:
     """Per metric, the most specific setting wins: marker > command line > ini > the metric's default."""
-    resolved = {name: metric.default_tolerance for name, metric in METRICS.items()
-                if metric.default_tolerance is not None}
+    resolved = {
+        name: metric.default_tolerance for name, metric in METRICS.items() if metric.default_tolerance is not None
+    }
     for layer in (ini, cli, marker):
         resolved.update(layer)
     return resolved
