@@ -39,9 +39,9 @@ _Z_POWER = 1.645
 # 8-16%, and k=4 failed 4 of 30 (k=5: 4 of 30). Only earlier sessions' medians (`history`) can show that noise.
 DEFAULT_K = 4.0
 # Standard errors a change must exceed when the spread of earlier sessions' medians set them: that spread is the noise
-# between two sessions itself, so k = 4's margin for drift is not needed. On the two benchmark runs' six sessions
-# (pooled, 3 vs 3 with 4 earlier sessions) k = 3 failed 4 of 150 healthy runs and caught 138 of 150 70% drops; k = 4
-# failed 2 and caught 103 (benchmarks/gate_noise.py --from both files).
+# between two sessions itself, so k = 4's margin for drift is not needed. On the two loaded benchmark runs' six
+# sessions (pooled, 3 vs 3 with 4 earlier sessions) k_history = 3 failed 2 of 150 healthy runs and caught 136 of 150
+# 70% drops, k_history = 4 failed 2 and caught 103 (gate_noise.py --from both files); a quiet run: 0 of 60, 60 of 60.
 DEFAULT_K_HISTORY = 3.0
 # Earlier sessions needed before their spread is weighed: with the baseline's own session, three session medians
 # (two are one difference, a spread estimate too rough to lean on).
