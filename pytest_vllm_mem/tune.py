@@ -181,6 +181,11 @@ class SearchResult:
     converged: bool  # best and first_failing are one grid step apart (or best is the end of the range)
     verdict: str  # one paragraph: what was found, or why nothing was
 
+    @property
+    def startups(self) -> int:
+        """Trials that started a server; the ones the plan decided cost none."""
+        return sum(1 for trial in self.trials if trial.phase != "planned")
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "goal": self.goal,
@@ -188,7 +193,8 @@ class SearchResult:
             "high": self.high,
             "resolution": self.resolution,
             "max_startups": self.max_startups,
-            "startups": len(self.trials),
+            "startups": self.startups,
+            "planned_trials": len(self.trials) - self.startups,
             "converged": self.converged,
             "recommended_utilization": self.best.utilization if self.best else None,
             "first_failing_utilization": self.first_failing.utilization if self.first_failing else None,
@@ -527,7 +533,9 @@ class TuneResult:
                     f"tier = {format_bytes(self.tier.bytes - best.tier_peak_bytes)} free)"
                 )
             lines.append(f"recommended: {self.recommended_config}{headroom}")
-        lines.append(f"{len(search.trials)} startups in {self.duration_s:.0f} s")
+        planned = len(search.trials) - search.startups
+        decided = f" ({planned} more trial{'s' if planned != 1 else ''} decided by the plan)" if planned else ""
+        lines.append(f"{search.startups} startups in {self.duration_s:.0f} s{decided}")
         return lines
 
     def to_dict(self) -> dict[str, Any]:
