@@ -95,6 +95,11 @@ class Trial:
         its total over two); the total on the CPU backend and for a single device."""
         return self.largest_gpu_peak_bytes if self.largest_gpu_peak_bytes is not None else self.peak_memory_bytes
 
+    @property
+    def started(self) -> bool:
+        """A server was started for this trial (the plan decides some without one)."""
+        return self.phase != "planned"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "number": self.number,
@@ -184,7 +189,7 @@ class SearchResult:
     @property
     def startups(self) -> int:
         """Trials that started a server; the ones the plan decided cost none."""
-        return sum(1 for trial in self.trials if trial.phase != "planned")
+        return sum(1 for trial in self.trials if trial.started)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -250,7 +255,7 @@ def search(
         stop = first
 
     def startups() -> int:  # trials the plan decided cost no startup and do not count
-        return sum(1 for trial in trials if trial.phase != "planned")
+        return sum(1 for trial in trials if trial.started)
 
     while stop is None and lo <= hi - 1 and not (lo_ok and lo == hi - 1) and startups() < max_startups:
         mid = (lo + hi) // 2 if lo_ok else (lo + hi - 1) // 2
