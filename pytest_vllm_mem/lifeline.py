@@ -39,6 +39,7 @@ PERIOD_S = 0.5  # how often the watchdog notes the servers' processes and the se
 # read, every 0.5 s it would cost a tenth of a core next to the server it measures.
 DEEP_PERIOD_S = 5.0
 TERM_GRACE_S = 2.0  # SIGTERM lets a healthy vLLM remove its own files; then SIGKILL
+TRACKER_GRACE_S = 3.0  # a resource tracker's clean-up after its processes died (it took 0.1-0.3 s here)
 SHM_DIR = "/dev/shm"
 
 
@@ -167,16 +168,23 @@ def session_members(watched: Watched, deep: bool = True) -> list[psutil.Process]
                 found.update((child.pid, child) for child in watched.leader.children(recursive=True))
             except psutil.Error:
                 pass
-        for pid in psutil.pids():
-            try:
-                if pid not in found and os.getsid(pid) == sid:
-                    found[pid] = psutil.Process(pid)
-            except (OSError, psutil.Error):
-                continue
+        found.update((pid, proc) for pid, proc in in_session(sid).items() if pid not in found)
     for pid, proc in watched.members.items():  # seen before: still ours while psutil says it is the same process
         if pid not in found and _same(proc):
             found[pid] = proc
     return list(found.values())
+
+
+def in_session(sid: int) -> dict[int, psutil.Process]:
+    """The live processes whose session id is `sid`, by pid."""
+    found: dict[int, psutil.Process] = {}
+    for pid in psutil.pids():
+        try:
+            if os.getsid(pid) == sid:
+                found[pid] = psutil.Process(pid)
+        except (OSError, psutil.Error):
+            continue
+    return found
 
 
 def _same(proc: psutil.Process) -> bool:
@@ -237,8 +245,14 @@ def _identity(path: str) -> tuple[int, int] | None:
     return stat.st_dev, stat.st_ino
 
 
-def kill(members: list[psutil.Process], grace_s: float = TERM_GRACE_S) -> list[psutil.Process]:
-    """SIGTERM, `grace_s`, SIGKILL (psutil checks each process's identity first). Returns those still alive."""
+def is_resource_tracker(proc: psutil.Process) -> bool:
+    try:
+        return "multiprocessing.resource_tracker" in " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
+
+
+def _term_then_kill(members: list[psutil.Process], grace_s: float) -> list[psutil.Process]:
     for proc in members:
         try:
             proc.terminate()
@@ -251,7 +265,18 @@ def kill(members: list[psutil.Process], grace_s: float = TERM_GRACE_S) -> list[p
         except psutil.Error:
             pass
     _, alive = psutil.wait_procs(alive, timeout=5)
-    return alive
+    return list(alive)
+
+
+def kill(members: list[psutil.Process], grace_s: float = TERM_GRACE_S) -> list[psutil.Process]:
+    """SIGTERM, `grace_s`, SIGKILL (psutil checks each process's identity first), multiprocessing resource trackers
+    last. A tracker ignores SIGTERM and, once every process it serves is gone, unlinks the named semaphores and
+    segments they registered and exits; killed together with them it leaves those in /dev/shm (a `sem.mp-*` per
+    server, seen after killed vLLM servers). Returns the processes still alive."""
+    trackers = [proc for proc in members if is_resource_tracker(proc)]
+    alive = _term_then_kill([proc for proc in members if proc not in trackers], grace_s)
+    _, lingering = psutil.wait_procs(trackers, timeout=TRACKER_GRACE_S)
+    return alive + _term_then_kill(list(lingering), 0.0)
 
 
 def segments_in_use(paths: set[str]) -> set[str]:

@@ -30,7 +30,7 @@ from .devicelock import DeviceLockError, startup_lock
 from .devicelock import notes as lock_notes
 from .diagnose import Diagnosis, StartupMemory, classify_failure, parse_startup_memory, phase_words, timeout_diagnosis
 from .kinds import FailureKind
-from .lifeline import lifeline
+from .lifeline import in_session, is_resource_tracker, kill, lifeline
 from .memory import DeviceInfo, MemoryProbe, MemorySampler, NvmlError
 from .progress import watch_startup
 from .versions import LAUNCHER_MODULE, launch_argv
@@ -204,18 +204,18 @@ class VLLMServer:
         tree = _tree_processes(self.pid)
         _signal_group(self.pid, signal.SIGTERM)
         self._wait_for_exit(tree, grace_s)
-        _signal_group(self.pid, signal.SIGKILL)
-        # Children that left the group (setsid) are still ours: kill them by PID.
-        for proc in tree:
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(tree, timeout=5)
+        if self.process.poll() is None:
+            self.process.kill()  # the API server by its Popen: its pid cannot have been reused, it is not reaped
         try:
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        # What is left of its session, by process (children that left it with setsid are in the snapshot),
+        # resource trackers last: a group SIGKILL took the tracker with the server before it unlinked the
+        # semaphores the server had registered (a sem.mp-* left in /dev/shm after some stops).
+        left = {proc.pid: proc for proc in tree if proc.pid != self.pid and _running(proc)}
+        left.update((pid, proc) for pid, proc in in_session(self.pid).items() if pid != self.pid)
+        kill(list(left.values()), grace_s=0.0)
         self.sampler.stop()
         with _LIVE_LOCK:
             _LIVE.pop(self.pid, None)
@@ -230,7 +230,7 @@ class VLLMServer:
         (15 s; under xdist a worker has 5 s before the controller kills it and orphans the server). Once only the
         API server and its multiprocessing resource tracker are left, one more second, then the kill.
         """
-        helpers = [proc for proc in tree if proc.pid != self.pid and not _is_resource_tracker(proc)]
+        helpers = [proc for proc in tree if proc.pid != self.pid and not is_resource_tracker(proc)]
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             try:
@@ -292,13 +292,6 @@ def _tree_processes(root: int) -> list[psutil.Process]:
         return [proc, *proc.children(recursive=True)]
     except psutil.Error:
         return []
-
-
-def _is_resource_tracker(proc: psutil.Process) -> bool:
-    try:
-        return "multiprocessing.resource_tracker" in " ".join(proc.cmdline())
-    except psutil.Error:
-        return False
 
 
 def _signal_group(pgid: int, sig: int) -> None:

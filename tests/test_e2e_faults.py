@@ -116,6 +116,7 @@ def test_sigkill_of_pytest_leaves_no_server_process_and_no_segment(pytester: pyt
             if process.poll() is None:
                 process.kill()
             kill_quietly(list(seen) + [proc.pid for proc in watcher.leftovers()])
+    # Named semaphores (sem.mp-*) too: they are the resource tracker's to remove, and it does when it is killed last.
     new = sorted(set(os.listdir("/dev/shm")) - before)
     assert len(watchdogs) == 1, [" ".join(psutil.Process(pid).cmdline()) for pid in watchdogs]
     assert len(servers) >= 3  # the API server, its engine, multiprocessing's resource tracker
@@ -123,6 +124,7 @@ def test_sigkill_of_pytest_leaves_no_server_process_and_no_segment(pytester: pyt
         assert any(path.startswith("/dev/shm/psm_") for path in segments), segments
     assert processes_with_token(token) == []
     assert processes_gone < 10 and segments_gone < 10
+    assert new == [], f"new in /dev/shm after the SIGKILL of pytest and its clean-up: {new}"
     print(
         f"[faults] SIGKILL of pytest during a {phase}: {len(servers)} server processes gone after "
         f"{processes_gone:.2f} s, {len(segments)} segments ({', '.join(sorted(segments))}) gone after "

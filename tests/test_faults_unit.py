@@ -353,3 +353,50 @@ def test_gpus_take_turns_by_default_cpus_when_asked_and_a_bad_switch_is_named(
         devicelock.startup_lock([gpu], timeout_s=1),
     ):
         pass
+
+
+# A server stand-in holding a named semaphore as vLLM's processes do (multiprocessing's spawn context registers it
+# with the session's resource tracker, which unlinks it once the processes it serves are gone).
+SEMAPHORE_SERVER = textwrap.dedent("""
+    import multiprocessing, sys, time
+    lock = multiprocessing.get_context("spawn").Lock()
+    print(lock._semlock.name, flush=True)
+    time.sleep(600)
+""")
+
+
+def _semaphore_server() -> tuple[subprocess.Popen, Path, list[psutil.Process]]:
+    server = subprocess.Popen([sys.executable, "-c", SEMAPHORE_SERVER], stdout=subprocess.PIPE, start_new_session=True)
+    assert server.stdout is not None
+    path = Path("/dev/shm", "sem." + server.stdout.readline().decode().strip().lstrip("/"))
+    deadline = time.monotonic() + 30
+    while not any(lifeline.is_resource_tracker(p) for p in lifeline.in_session(server.pid).values()):
+        assert time.monotonic() < deadline, "the stand-in's resource tracker did not start"
+        time.sleep(0.05)
+    return server, path, list(lifeline.in_session(server.pid).values())
+
+
+@linux_only
+def test_a_group_sigkill_leaks_the_semaphore_and_kill_lets_the_resource_tracker_remove_it() -> None:
+    # What server.stop and the watchdog did before: SIGKILL the whole group, the tracker with it.
+    server, path, members = _semaphore_server()
+    try:
+        assert path.exists()
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=10)
+        psutil.wait_procs(members, timeout=10)
+        assert path.exists(), "a killed tracker no longer leaks: the premise of lifeline.kill's order is gone"
+    finally:
+        kill_quietly([p.pid for p in members])
+        path.unlink(missing_ok=True)
+    # lifeline.kill: the processes first, the tracker last; it removes the semaphore before it exits.
+    server, path, members = _semaphore_server()
+    try:
+        assert path.exists() and len(members) == 2
+        alive = lifeline.kill(members, grace_s=1.0)
+        server.wait(timeout=10)
+        assert alive == [] and running([p.pid for p in members]) == []
+        assert not path.exists(), f"{path} left by the stand-in after lifeline.kill"
+    finally:
+        kill_quietly([p.pid for p in members])
+        path.unlink(missing_ok=True)
