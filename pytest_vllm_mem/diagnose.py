@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import signal
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -198,6 +198,42 @@ def _int(text: str) -> int:
     return int(text.replace(",", ""))
 
 
+# A pattern's groups, in order, as StartupMemory fields: (field name, cast of the group's text).
+_Fields = tuple[tuple[str, Callable[[str], Any]], ...]
+# The figures vLLM prints on the lines that mark startup progress (weights, KV cache, graph capture, engine init),
+# read by parse_startup_memory from a whole log and by line_figures (the live progress) one line at a time. Each
+# entry lists the wordings of one figure line, preferred first: a later wording is read only when the earlier is not.
+_LINE_FIGURES: tuple[tuple[tuple[re.Pattern[str], _Fields], ...], ...] = (
+    ((_WEIGHTS, (("weights_gib", float), ("weights_load_s", float))), (_WEIGHTS_OLD, (("weights_gib", float),))),
+    # GPU prints the pool in GiB; the CPU worker prints "(kv/node total) GiB for KV cache" instead.
+    ((_KV_GIB, (("kv_cache_gib", float),)), (_CPU_KV, (("kv_cache_gib", float), ("device_total_gib", float)))),
+    ((_KV_TOKENS, (("kv_cache_tokens", _int),)),),
+    ((_GRAPHS, (("graph_capture_s", float), ("graph_capture_gib", float))),),
+    ((_ENGINE_INIT, (("engine_init_s", float),)),),
+)
+
+
+def _fill(values: dict[str, Any], match: re.Match[str], fields: _Fields) -> None:
+    """Set the fields `match`'s groups give, except those already set (the first occurrence wins)."""
+    for group, (name, cast) in enumerate(fields, start=1):
+        if match.group(group) is not None and name not in values:
+            values[name] = cast(match.group(group))
+
+
+def line_figures(text: str) -> dict[str, float | int]:
+    """The startup figures one log line states (its message, see strip_log_prefix), by StartupMemory field name:
+    weights_gib, weights_load_s, kv_cache_gib (and the CPU node's device_total_gib), kv_cache_tokens,
+    graph_capture_s, graph_capture_gib, engine_init_s. Empty for a line that states none."""
+    figures: dict[str, float | int] = {}
+    for wordings in _LINE_FIGURES:
+        for pattern, fields in wordings:
+            match = pattern.search(text)
+            if match:
+                _fill(figures, match, fields)
+                break
+    return figures
+
+
 def _first(lines: Iterable[_Line], pattern: re.Pattern[str]) -> re.Match[str] | None:
     for line in lines:
         match = pattern.search(line.text)
@@ -209,27 +245,20 @@ def _first(lines: Iterable[_Line], pattern: re.Pattern[str]) -> re.Match[str] | 
 def parse_startup_memory(log_text: str) -> StartupMemory:
     """The startup memory figures in a vLLM log (first occurrence of each; tensor-parallel ranks print alike)."""
     lines = _lines(log_text)
-    values: dict[str, object] = {}
+    values: dict[str, Any] = {}
 
-    def grab(pattern: re.Pattern[str], *names_and_casts: tuple[str, type]) -> bool:
+    def grab(pattern: re.Pattern[str], *fields: tuple[str, Callable[[str], Any]]) -> bool:
         match = _first(lines, pattern)
-        if not match:
-            return False
-        for group, (name, cast) in enumerate(names_and_casts, start=1):
-            if match.group(group) is not None and name not in values:
-                values[name] = _int(match.group(group)) if cast is int else cast(match.group(group))
-        return True
+        if match:
+            _fill(values, match, fields)
+        return match is not None
 
     grab(_ENGINE_VERSION, ("vllm_version", str)) or grab(_BANNER_VERSION, ("vllm_version", str))
-    grab(_WEIGHTS, ("weights_gib", float), ("weights_load_s", float)) or grab(_WEIGHTS_OLD, ("weights_gib", float))
-    # GPU prints the pool in GiB; the CPU worker prints "(kv/node total) GiB for KV cache" instead.
-    grab(_KV_GIB, ("kv_cache_gib", float)) or grab(_CPU_KV, ("kv_cache_gib", float), ("device_total_gib", float))
+    for wordings in _LINE_FIGURES:
+        any(grab(pattern, *fields) for pattern, fields in wordings)  # the first wording the log has
     grab(_CPU_REQUESTED, ("requested_gib", float))
     grab(_CPU_NON_KV, ("non_kv_gib", float))
-    grab(_KV_TOKENS, ("kv_cache_tokens", int))
-    grab(_CONCURRENCY, ("max_concurrency_tokens", int), ("max_concurrency", float))
-    grab(_GRAPHS, ("graph_capture_s", float), ("graph_capture_gib", float))
-    grab(_ENGINE_INIT, ("engine_init_s", float))
+    grab(_CONCURRENCY, ("max_concurrency_tokens", _int), ("max_concurrency", float))
     totals = _first(lines, _GPU_TOTALS)
     if totals:
         free, total, utilization, requested = (float(totals.group(i)) for i in range(1, 5))
@@ -265,7 +294,7 @@ def parse_startup_memory(log_text: str) -> StartupMemory:
         values.setdefault("device_total_gib", float(results.group(1)))
         values.setdefault("kv_cache_gib", float(results.group(2)))
         values.setdefault("gpu_memory_utilization", float(results.group(3)))
-    return StartupMemory(**values)  # type: ignore[arg-type]
+    return StartupMemory(**values)
 
 
 # --- failures -------------------------------------------------------------------------------------------------
@@ -414,7 +443,8 @@ def _format_size(gib: float) -> str:
     return f"{gib * 1024:.2f} MiB" if abs(gib) < 1 else f"{gib:.2f} GiB"
 
 
-# Startup milestones in the order vLLM reaches them: the last one seen tells how far a start got.
+# Startup milestones in the order vLLM reaches them: the last one seen tells how far a start got (STARTUP_PHASES
+# names them; startup_milestone reads them).
 _MILESTONES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"Initializing a V1 LLM engine|Initializing an LLM engine"), "initializing the engine"),
     (re.compile(r"Starting to load model|Loading (?:safetensors|pt) checkpoint shards"), "loading the weights"),
@@ -436,6 +466,19 @@ _MILESTONES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"init engine \(profile, create kv cache, warmup model\)"), "starting the API server"),
     (re.compile(r"Application startup complete|Starting vLLM (?:API )?server on"), "serving"),
 )
+STARTUP_PHASES: tuple[str, ...] = tuple(name for _, name in _MILESTONES)
+PRE_STARTUP_PHASE = "starting the API server process"  # what a start is doing before its first milestone
+
+
+def startup_milestone(text: str, after: int = -1) -> int | None:
+    """The index in STARTUP_PHASES of the latest milestone one log line (its message, see strip_log_prefix) marks,
+    among those after `after`; None when it marks none of them."""
+    for index in range(len(_MILESTONES) - 1, after, -1):
+        if _MILESTONES[index][0].search(text):
+            return index
+    return None
+
+
 # The phase a milestone's *next* step belongs to, for an OOM whose traceback names no phase.
 _STAGE_PHASE = {
     "loading the weights": "loading_weights",
@@ -500,11 +543,12 @@ def phase_words(phase: str | None) -> str | None:
 
 
 def _stage_before(lines: Sequence[_Line], end: int) -> str:
-    stage = "starting the API server process"
+    """The phase of the last milestone line before `end` (a line that re-logs an earlier milestone counts)."""
+    stage = PRE_STARTUP_PHASE
     for line in lines[:end]:
-        for pattern, name in _MILESTONES:
-            if pattern.search(line.text):
-                stage = name
+        index = startup_milestone(line.text)
+        if index is not None:
+            stage = STARTUP_PHASES[index]
     return stage
 
 

@@ -1,7 +1,7 @@
 """Live progress of server startups and loads: the core emits events, a renderer writes them to a terminal.
 
 Core side (no pytest): `watch_startup(server)` reads the server's log incrementally while `_wait_healthy` polls and
-emits the startup phases vLLM logs (diagnose's milestone and figure patterns), with elapsed time and the running
+emits the startup phases vLLM logs (diagnose's startup_milestone and line_figures), with elapsed time and the running
 memory peak; `watch_load(counts, total)` starts a thread that reads a load's counters at its own rate (the load client
 itself does nothing per request for progress). Both emit only while an `Observer` is active in the calling context
 (`with observing(observer): ...`, a ContextVar), so the server pool, the session and the tuner need no new
@@ -20,22 +20,11 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
 
-from .diagnose import (
-    _CPU_KV,
-    _ENGINE_INIT,
-    _GRAPHS,
-    _KV_GIB,
-    _KV_TOKENS,
-    _MILESTONES,
-    _WEIGHTS,
-    _WEIGHTS_OLD,
-    _int,
-    strip_log_prefix,
-)
+from .diagnose import PRE_STARTUP_PHASE, STARTUP_PHASES, line_figures, startup_milestone, strip_log_prefix
 from .units import format_bytes
 
 if TYPE_CHECKING:
@@ -47,7 +36,7 @@ if TYPE_CHECKING:
 MODES = ("auto", "line", "plain", "off")
 Mode = Literal["line", "plain"]
 PREFIX = "[vllm-mem]"
-READY = "serving"  # the last milestone: "Application startup complete"
+READY = STARTUP_PHASES[-1]  # "serving": "Application startup complete"
 
 
 # ---- events ---------------------------------------------------------------------------------------------------
@@ -55,14 +44,14 @@ READY = "serving"  # the last milestone: "Application startup complete"
 
 @dataclass(frozen=True)
 class Figures:
-    """What the log said so far (None: not printed yet, or not by this vLLM)."""
+    """What the log said so far (None: not printed yet, or not by this vLLM); fields named as StartupMemory's."""
 
     weights_gib: float | None = None
-    weights_s: float | None = None
-    kv_gib: float | None = None
-    kv_tokens: int | None = None
-    graph_gib: float | None = None
-    graph_s: float | None = None
+    weights_load_s: float | None = None
+    kv_cache_gib: float | None = None
+    kv_cache_tokens: int | None = None
+    graph_capture_gib: float | None = None
+    graph_capture_s: float | None = None
     engine_init_s: float | None = None
 
     def describe(self) -> list[str]:
@@ -70,29 +59,24 @@ class Figures:
         if self.weights_gib is not None:
             parts.append(
                 f"weights {self.weights_gib:.2f} GiB"
-                + (f" in {self.weights_s:.1f}s" if self.weights_s is not None else "")
+                + (f" in {self.weights_load_s:.1f}s" if self.weights_load_s is not None else "")
             )
-        if self.kv_gib is not None or self.kv_tokens is not None:
-            kv = [f"{self.kv_gib:.2f} GiB"] if self.kv_gib is not None else []
-            kv += [f"{self.kv_tokens:,} tokens"] if self.kv_tokens is not None else []
+        if self.kv_cache_gib is not None or self.kv_cache_tokens is not None:
+            kv = [f"{self.kv_cache_gib:.2f} GiB"] if self.kv_cache_gib is not None else []
+            kv += [f"{self.kv_cache_tokens:,} tokens"] if self.kv_cache_tokens is not None else []
             parts.append("KV cache " + ", ".join(kv))
-        if self.graph_gib is not None:
-            parts.append(f"graphs {self.graph_gib:.2f} GiB in {self.graph_s:.1f}s")
+        if self.graph_capture_gib is not None:
+            parts.append(f"graphs {self.graph_capture_gib:.2f} GiB in {self.graph_capture_s:.1f}s")
         if self.engine_init_s is not None:
             parts.append(f"engine init {self.engine_init_s:.1f}s")
         return parts
 
     @classmethod
     def of(cls, memory: StartupMemory) -> Figures:
-        return cls(
-            memory.weights_gib,
-            memory.weights_load_s,
-            memory.kv_cache_gib,
-            memory.kv_cache_tokens,
-            memory.graph_capture_gib,
-            memory.graph_capture_s,
-            memory.engine_init_s,
-        )
+        return cls(**{name: getattr(memory, name) for name in _FIGURE_NAMES})
+
+
+_FIGURE_NAMES = frozenset(f.name for f in fields(Figures))
 
 
 @dataclass(frozen=True)
@@ -253,7 +237,6 @@ def send(observer: Observer, event: Event) -> None:
 
 # ---- startup: the log tail ------------------------------------------------------------------------------------
 
-_FIGURE_PATTERNS = (_WEIGHTS, _WEIGHTS_OLD, _KV_GIB, _CPU_KV, _KV_TOKENS, _GRAPHS, _ENGINE_INIT)
 _MAX_LINE = 64 * 1024  # a partial line longer than this (a tqdm bar without newline) is dropped, not grown forever
 
 
@@ -297,7 +280,7 @@ class StartupReader:
 
     @property
     def phase(self) -> str:
-        return _MILESTONES[self.phase_index][1] if self.phase_index >= 0 else "starting the API server process"
+        return STARTUP_PHASES[self.phase_index] if self.phase_index >= 0 else PRE_STARTUP_PHASE
 
     def feed(self, raw: str) -> str | None:
         """The phase this line starts, if it starts one (a later milestone may skip ones this vLLM does not log)."""
@@ -305,36 +288,27 @@ class StartupReader:
         if not text:
             return None
         self._figures(text)
-        for index in range(len(_MILESTONES) - 1, self.phase_index, -1):
-            if _MILESTONES[index][0].search(text):
-                self.phase_index = index
-                return _MILESTONES[index][1]
-        return None
+        index = startup_milestone(text, self.phase_index)
+        if index is None:
+            return None
+        self.phase_index = index
+        return STARTUP_PHASES[index]
 
     def take_new_figures(self) -> tuple[str, ...]:
         said, self._unsaid = tuple(self._unsaid), []
         return said
 
     def _figures(self, text: str) -> None:
-        if not any(pattern.search(text) for pattern in _FIGURE_PATTERNS):
-            return
-        before = set(self.figures.describe())
-        f = self.figures
-        values: dict[str, Any] = {}
-        if f.weights_gib is None and (m := _WEIGHTS.search(text)):
-            values.update(weights_gib=float(m.group(1)), weights_s=float(m.group(2)))
-        elif f.weights_gib is None and (m := _WEIGHTS_OLD.search(text)):
-            values.update(weights_gib=float(m.group(1)))
-        if f.kv_gib is None and ((m := _KV_GIB.search(text)) or (m := _CPU_KV.search(text))):
-            values.update(kv_gib=float(m.group(1)))
-        if f.kv_tokens is None and (m := _KV_TOKENS.search(text)):
-            values.update(kv_tokens=_int(m.group(1)))
-        if f.graph_gib is None and (m := _GRAPHS.search(text)):
-            values.update(graph_s=float(m.group(1)), graph_gib=float(m.group(2)))
-        if f.engine_init_s is None and (m := _ENGINE_INIT.search(text)):
-            values.update(engine_init_s=float(m.group(1)))
+        """Keep the figures this line states that the log has not stated before (the first one wins, as in the
+        results' parse)."""
+        values: dict[str, Any] = {  # int for kv_cache_tokens, float for the rest
+            name: value
+            for name, value in line_figures(text).items()
+            if name in _FIGURE_NAMES and getattr(self.figures, name) is None
+        }
         if values:
-            self.figures = Figures(**{**f.__dict__, **values})
+            before = set(self.figures.describe())
+            self.figures = replace(self.figures, **values)
             self._unsaid += [part for part in self.figures.describe() if part not in before]
 
 

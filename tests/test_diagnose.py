@@ -9,12 +9,15 @@ import pytest
 from pytest_vllm_mem.diagnose import (
     FAILURE_KINDS,
     PHASES,
+    STARTUP_PHASES,
     Diagnosis,
     StartupMemory,
     classify_failure,
     find_memory_error,
+    line_figures,
     parse_startup_memory,
     rejected_flags,
+    startup_milestone,
     strip_ansi,
     strip_log_prefix,
     timeout_diagnosis,
@@ -215,6 +218,75 @@ def test_startup_memory_to_dict_has_every_field() -> None:
 
 def test_parse_startup_memory_version_from_banner() -> None:
     assert parse_startup_memory(log("cpu-0.32-validation-error.log")).vllm_version == "0.32.0"
+
+
+# --- one line at a time: milestones and figures (the live progress reads these) ----------------------------------
+
+# GPU figure lines as vLLM 0.3x prints them (../shared/DESIGN.md); no corpus log has these wordings.
+GPU_WEIGHTS = "Model loading took 12.55 GiB memory and 5.123456 seconds"
+GPU_GRAPHS = "Graph capturing finished in 12 secs, took 0.53 GiB"
+
+
+def test_startup_milestones_of_a_real_cpu_startup_in_order() -> None:
+    texts = [strip_log_prefix(line) for line in log("cpu-0.32-started.log").splitlines()]
+    reached = [STARTUP_PHASES[index] for text in texts if (index := startup_milestone(text)) is not None]
+    # Each line that marks a milestone, so some twice: the shards' progress bar, the KV cache's sizing lines.
+    assert reached == [
+        "initializing the engine",
+        *["loading the weights"] * 3,  # "Starting to load model", "Loading safetensors checkpoint shards" 0%, 100%
+        "profiling memory (compile and dummy forward pass)",  # "Loading weights took 0.00 seconds"
+        *["allocating the KV cache"] * 2,  # "Auto set (0.21/10.46) GiB for KV cache", "CPU KV cache size"
+        "starting the API server",
+        *["serving"] * 2,  # "Starting vLLM server on", "Application startup complete"
+    ]
+    assert len(STARTUP_PHASES) == 8 and STARTUP_PHASES[4] == "capturing CUDA graphs"  # the CPU captures none
+
+
+def test_startup_milestone_after_an_index_finds_only_later_ones() -> None:
+    loading = strip_log_prefix(first_line("cpu-0.32-started.log", "Starting to load model"))
+    assert startup_milestone(loading) == 1
+    assert startup_milestone(loading, after=0) == 1
+    assert startup_milestone(loading, after=1) is None  # already there: not reached again
+    assert startup_milestone(loading, after=3) is None  # a late rank's line never moves a start back
+    serving = strip_log_prefix(first_line("cpu-0.32-started.log", "Application startup complete"))
+    assert startup_milestone(serving, after=6) == len(STARTUP_PHASES) - 1
+    assert startup_milestone(strip_log_prefix(first_line("cpu-0.32-started.log", "non-default args"))) is None
+
+
+@pytest.mark.parametrize(
+    "name, fragment, figures",
+    [
+        ("cpu-0.32-started.log", "GiB for KV cache", {"kv_cache_gib": 0.21, "device_total_gib": 10.46}),
+        ("cpu-0.32-started.log", "CPU KV cache size", {"kv_cache_tokens": 108_160}),
+        ("cpu-0.32-started.log", "init engine (profile", {"engine_init_s": 5.17}),
+        ("cpu-0.32-started.log", "Loading weights took", {}),  # a milestone, with no memory figure
+        ("gpu-0.11-started-kv-sizes-28228.log", "Available KV cache memory", {"kv_cache_gib": 2.3}),
+        ("gpu-0.6-kv-max-seq-len-10517.log", "Loading model weights took", {"weights_gib": 14.9888}),
+    ],
+)
+def test_line_figures_of_real_log_lines(name: str, fragment: str, figures: dict[str, float]) -> None:
+    assert line_figures(strip_log_prefix(first_line(name, fragment))) == figures
+
+
+def test_line_figures_of_gpu_weights_and_graphs_and_types() -> None:
+    assert line_figures(GPU_WEIGHTS) == {"weights_gib": 12.55, "weights_load_s": 5.123456}
+    assert line_figures(GPU_GRAPHS) == {"graph_capture_s": 12.0, "graph_capture_gib": 0.53}
+    tokens = line_figures(strip_log_prefix(first_line("cpu-0.32-started.log", "CPU KV cache size")))
+    assert type(tokens["kv_cache_tokens"]) is int  # "108,160": read as the whole number, not 108.16
+    assert line_figures("") == {} and line_figures(GPU_WEIGHTS.replace("GiB", "MiB")) == {}
+
+
+@pytest.mark.parametrize("name", sorted(INDEX))
+def test_line_figures_agree_with_the_parse_of_the_whole_log(name: str) -> None:
+    """The first value each line states is the one parse_startup_memory keeps (other lines may fill a field no
+    progress line states, e.g. the V0 profiling summary's KV cache; GPU totals override the CPU node total)."""
+    first: dict[str, float] = {}
+    for line in log(name).splitlines():
+        for key, value in line_figures(strip_log_prefix(line)).items():
+            first.setdefault(key, value)
+    first.pop("device_total_gib", None)
+    memory = parse_startup_memory(log(name)).to_dict()
+    assert {key: memory[key] for key in first} == first
 
 
 # --- out of memory by phase -------------------------------------------------------------------------------------

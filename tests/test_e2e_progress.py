@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from e2e import record, run_inner
 
-from pytest_vllm_mem.diagnose import _MILESTONES
+from pytest_vllm_mem.diagnose import STARTUP_PHASES
 from pytest_vllm_mem.progress import StartupReader
 from pytest_vllm_mem.units import format_bytes
 
@@ -36,7 +36,7 @@ def test_reused(vllm_server):
 
 HEADER = re.compile(r"\[vllm-mem\] (\S+): starting (.+) \(at (\d\d):(\d\d):(\d\d)\.(\d), log (.+)\)$")
 PHASE = re.compile(r"\[vllm-mem\]   \+(\d+\.\d)s (.+)$")  # then the phase, then (new figures) if any
-PHASE_NAMES = [name for _, name in _MILESTONES]
+PHASE_NAMES = list(STARTUP_PHASES)
 READY = re.compile(r"\[vllm-mem\]   ready in (\d+\.\d)s: (.*); peak (.+?) of the (\S+) tier(?:, ([^()]+))? \((\d+)%\)$")
 TICK = re.compile(r"\[vllm-mem\]   load 1: (\d+)/96 done, (\d+) failed, (\d+) tok/s, peak (.+)$")
 DONE = re.compile(

@@ -3,6 +3,7 @@ watches, the renderer (status line vs plain lines, rate limits, -q/-v) and the p
 
 from __future__ import annotations
 
+import ast
 import threading
 import time
 from dataclasses import dataclass, field
@@ -65,7 +66,9 @@ def test_reader_sees_the_phases_of_a_real_cpu_startup_in_order() -> None:
     ]
     # The figures the reader shows are those the results JSON keeps (diagnose's parse of the same log).
     memory = parse_startup_memory(STARTED.read_text())
-    assert reader.figures.kv_gib == memory.kv_cache_gib and reader.figures.kv_tokens == memory.kv_cache_tokens
+    assert (
+        reader.figures.kv_cache_gib == memory.kv_cache_gib and reader.figures.kv_cache_tokens == memory.kv_cache_tokens
+    )
     assert reader.figures.engine_init_s == memory.engine_init_s
     assert reader.figures == Figures.of(memory)
 
@@ -94,6 +97,28 @@ def test_a_phase_never_goes_back() -> None:
     assert reader.feed(GPU_LINES[3]) == "allocating the KV cache"
     assert reader.feed(GPU_LINES[1]) is None  # a second rank loading late does not move the phase back
     assert reader.phase == "allocating the KV cache"
+
+
+def test_the_first_figure_stays_and_figures_outside_the_progress_are_left_out() -> None:
+    reader = StartupReader()
+    cpu_kv = next(line for line in STARTED.read_text().splitlines() if "GiB for KV cache" in line)
+    assert reader.feed(cpu_kv) == "allocating the KV cache"
+    assert reader.take_new_figures() == ("KV cache 0.21 GiB",)  # the node total (10.46 GiB) is not a progress figure
+    other_rank = cpu_kv.replace("(0.21/10.46)", "(0.25/10.46)")
+    assert reader.feed(other_rank) is None and reader.take_new_figures() == ()
+    assert reader.figures == Figures(kv_cache_gib=0.21)
+
+
+def test_progress_reads_the_log_through_diagnoses_public_names_only() -> None:
+    tree = ast.parse(Path(progress.__file__).read_text())
+    imported = [
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "diagnose"
+        for alias in node.names
+    ]
+    assert "startup_milestone" in imported and "line_figures" in imported
+    assert [name for name in imported if name.startswith("_")] == []
 
 
 def test_log_tail_yields_complete_lines_only_across_reads(tmp_path: Path) -> None:
@@ -151,7 +176,7 @@ def test_startup_watch_emits_phases_ticks_and_the_outcome(tmp_path: Path) -> Non
     ticks = [event for event in middle if isinstance(event, StartupTick)]
     assert ticks and ticks[-1].peak_bytes == 8 * 2**30  # the running peak, read incrementally
     assert isinstance(ended, StartupEnded) and ended.ok and ended.duration_s == 19.7
-    assert ended.peak_bytes == 9 * 2**30 and ended.figures.kv_tokens == 13136
+    assert ended.peak_bytes == 9 * 2**30 and ended.figures.kv_cache_tokens == 13136
     assert observer.startups == 1
 
 
@@ -237,7 +262,7 @@ class Clock:
         return self.now
 
 
-FIGS = Figures(kv_gib=1.0, kv_tokens=524288)
+FIGS = Figures(kv_cache_gib=1.0, kv_cache_tokens=524288)
 
 
 def startup(render: Renderer, clock: Clock) -> None:
