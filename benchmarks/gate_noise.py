@@ -77,6 +77,7 @@ def collect(quick: bool, out: Path, layout: str = "history", budget_s: float | N
     """Start each session's server once, run its loads, keep everything the plugin's record would hold."""
     from agreement import start_tiny_server
 
+    from pytest_vllm_mem.load import LoadSpec
     from pytest_vllm_mem.measure import measured_load
 
     workdir = Path(tempfile.mkdtemp(prefix="vllm-mem-gate-noise-"))
@@ -111,7 +112,7 @@ def collect(quick: bool, out: Path, layout: str = "history", budget_s: float | N
         }
         try:
             for _ in range(loads):
-                result = measured_load(server, **LOAD)
+                result = measured_load(server, LoadSpec(**LOAD))
                 session["loads"].append({**result.to_dict(), "load_average": os.getloadavg()[0]})
                 print(
                     f"{name:>15}  {result.output_throughput:7.1f} tok/s  ttft p50 {result.ttft.p50:6.1f} ms  "

@@ -11,6 +11,7 @@ import json
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,8 @@ from .tune import (
     DEFAULT_MAX_STARTUPS,
     DEFAULT_RESOLUTION,
     GOALS,
+    TUNE_LOAD,
     UTILIZATION_FLAG,
-    LoadSpec,
     TuneError,
     TuneResult,
     tune,
@@ -137,10 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=VALUE",
         help="an environment variable for the server (repeatable)",
     )
-    add("--num-prompts", type=_positive_int, default=32, help="requests in each trial's load (default 32)")
-    add("--concurrency", type=_positive_int, default=8, help="requests in flight at once (default 8)")
-    add("--max-tokens", type=_positive_int, default=16, help="output tokens per request (default 16)")
-    add("--prompt-len", type=_positive_int, default=32, help="prompt tokens per request (default 32)")
+    for name, what in (
+        ("num_prompts", "requests in each trial's load"),
+        ("concurrency", "requests in flight at once"),
+        ("max_tokens", "output tokens per request"),
+        ("prompt_len", "prompt tokens per request"),
+    ):  # the defaults are the tuner's load
+        flag, default = "--" + name.replace("_", "-"), getattr(TUNE_LOAD, name)
+        add(flag, type=_positive_int, default=default, help=f"{what} (default %(default)s)")
     add(
         "--startup-timeout",
         type=_positive_float,
@@ -190,7 +195,8 @@ def run_tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if missing:
         parser.error(f"argument --model: {missing}")
     config = VLLMConfig(args.model, env=dict(args.env), **dict(args.flag))
-    load = LoadSpec(
+    load = replace(
+        TUNE_LOAD,
         num_prompts=args.num_prompts,
         concurrency=args.concurrency,
         max_tokens=args.max_tokens,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import pytest
 
 from .config import VLLMConfig
-from .load import LoadResult
+from .load import LoadResult, LoadSpec
 from .measure import load_failure_message, measured_load
 from .progress import (
     LoadEnded,
@@ -172,21 +172,30 @@ class LoadFailed(AssertionError):
     """The server died or ran out of memory during a load."""
 
 
+def load_arguments(arguments: dict[str, Any]) -> tuple[LoadSpec, int]:
+    """One vllm_load call's keyword arguments -> (the load, how many times it runs); one LoadSpecError (a
+    ValueError) naming every unusable or unknown argument and what is accepted."""
+    repeat = arguments.get("repeat", 1)  # the fixture's own: how often the load runs, not what one run sends
+    unusable = not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1
+    why = "must be an integer >= 1 (the load runs that often; the median run is returned)"
+    problems: tuple[str, ...] = (f"repeat={repeat!r} {why}",) if unusable else ()
+    fields = {name: value for name, value in arguments.items() if name != "repeat"}
+    return LoadSpec.of("vllm_load()", fields, problems=problems, also_accepted=("repeat",)), repeat
+
+
 @pytest.fixture
 def vllm_load(request: pytest.FixtureRequest, vllm_server: VLLMServer | PlannedServer) -> Callable[..., LoadResult]:
     """load(num_prompts=100, concurrency=16, max_tokens=64, prompt_len=32, ignore_eos=True, request_rate=None,
-    repeat=1) -> LoadResult. With repeat=N the load runs N times, all are recorded, and the run with the median
-    output throughput is returned. Fails the test when the server dies or logs an out-of-memory error."""
+    timeout_s=600.0, request_timeout_s=120.0, repeat=1) -> LoadResult, keywords only (the defaults are LoadSpec's).
+    With repeat=N the load runs N times, all are recorded, and the run with the median output throughput is
+    returned. Fails the test when the server dies or logs an out-of-memory error."""
     record = record_for(request, vllm_server)
     from .preflight import PlannedServer, planned_load_result
 
     if isinstance(vllm_server, PlannedServer):  # --vllm-preflight: planned, not measured; no load runs
 
-        def planned(
-            num_prompts: int = 100, concurrency: int = 16, request_rate: float | None = None, **_: object
-        ) -> LoadResult:
-            result: LoadResult = planned_load_result(num_prompts, concurrency, request_rate)
-            return result
+        def planned(**arguments: Any) -> LoadResult:
+            return planned_load_result(load_arguments(arguments)[0])  # checked as a measured load would be
 
         return planned
     # pytest-benchmark, when the test asks for its fixture: the first load call becomes its rounds (one per repeat),
@@ -194,33 +203,14 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: VLLMServer | PlannedS
     benchmark = request.getfixturevalue("benchmark") if "benchmark" in request.fixturenames else None
     benchmark_free = [benchmark is not None]
 
-    def load(
-        num_prompts: int = 100,
-        concurrency: int = 16,
-        max_tokens: int = 64,
-        prompt_len: int = 32,
-        ignore_eos: bool = True,
-        request_rate: float | None = None,
-        repeat: int = 1,
-        timeout_s: float = 600.0,
-    ) -> LoadResult:
-        if repeat < 1:
-            raise ValueError(f"vllm_load(repeat={repeat!r}): repeat must be 1 or more")
+    def load(**arguments: Any) -> LoadResult:
+        spec, repeat = load_arguments(arguments)
         results: list[LoadResult] = []
 
         def one_run() -> None:
             observer = _observer(request, vllm_server)
             with observing(observer):  # a progress thread reads the load's counters while it runs
-                result = measured_load(
-                    vllm_server,
-                    num_prompts=num_prompts,
-                    concurrency=concurrency,
-                    max_tokens=max_tokens,
-                    prompt_len=prompt_len,
-                    ignore_eos=ignore_eos,
-                    request_rate=request_rate,
-                    timeout_s=timeout_s,
-                )
+                result = measured_load(vllm_server, spec)
             if observer is not None:
                 send(observer, LoadEnded.of(observer.test_id, vllm_server.loads_run, result))
             record.loads.append(result.to_dict())

@@ -14,8 +14,8 @@ import concurrent.futures
 import json
 import random
 import time
-from collections.abc import Callable, Coroutine, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Coroutine, Iterator, Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal, get_args
 
 import aiohttp
@@ -44,6 +44,94 @@ _WORDS = (
     "move right boy old too same tell does set three want air well also play small end put home read hand port "
     "large spell add even land here must big high such follow act why ask men change went light kind off need house"
 ).split()
+
+
+class LoadSpecError(ValueError):
+    """Unusable load arguments: one paragraph naming each bad input and what is accepted."""
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """What one load sends: the arguments of run_load and of one vllm_load call, with their defaults.
+
+    request_rate None (or inf) sends everything at once, limited by concurrency; a number gives Poisson arrivals at
+    that rate; concurrency 0 means no cap. The whole load stops at timeout_s, one request at request_timeout_s.
+    Checked when built: an unusable value raises LoadSpecError.
+    """
+
+    num_prompts: int = 100
+    concurrency: int = 16
+    max_tokens: int = 64
+    prompt_len: int = 32
+    ignore_eos: bool = True
+    request_rate: float | None = None
+    timeout_s: float = 600.0
+    request_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if problems := _spec_problems(asdict(self)):
+            raise LoadSpecError(_unusable("LoadSpec()", problems))
+        # One form for what is recorded: an infinite rate is "all at once", numbers are floats.
+        rate = self.request_rate
+        object.__setattr__(self, "request_rate", None if rate is None or rate == float("inf") else float(rate))
+        object.__setattr__(self, "timeout_s", float(self.timeout_s))
+        object.__setattr__(self, "request_timeout_s", float(self.request_timeout_s))
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(spec_field.name for spec_field in fields(cls))
+
+    @classmethod
+    def of(
+        cls,
+        caller: str,
+        arguments: Mapping[str, Any],
+        base: LoadSpec | None = None,
+        problems: tuple[str, ...] = (),
+        also_accepted: tuple[str, ...] = (),
+    ) -> LoadSpec:
+        """`base` (the defaults when None) with `arguments` replacing its fields; one LoadSpecError naming `caller`,
+        every unusable or unknown argument (listing the accepted ones) and the caller's own `problems`."""
+        names = cls.names()
+        unknown = [name for name in arguments if name not in names]
+        found = [*problems, *_spec_problems(arguments)]
+        if unknown:
+            given = ", ".join(f"{name}={arguments[name]!r}" for name in unknown)
+            found.append(
+                f"{given} {'is not an argument' if len(unknown) == 1 else 'are not arguments'} of {caller} "
+                f"(accepted: {', '.join((*names, *also_accepted))})"
+            )
+        if found:
+            raise LoadSpecError(_unusable(caller, found))
+        return replace(base if base is not None else cls(), **arguments)
+
+
+def _spec_problems(values: Mapping[str, Any]) -> list[str]:
+    """What is wrong with the load fields present in `values` (a name that is not a field is not looked at)."""
+    problems = []
+    for name, least in (("num_prompts", 1), ("max_tokens", 1), ("prompt_len", 1), ("concurrency", 0)):
+        count = values.get(name, least)
+        if not isinstance(count, int) or isinstance(count, bool) or count < least:
+            hint = " (0: no cap, like vllm bench without --max-concurrency)" if name == "concurrency" else ""
+            problems.append(f"{name}={count!r} must be an integer >= {least}{hint}")
+    if not isinstance(values.get("ignore_eos", True), bool):
+        problems.append(f"ignore_eos={values['ignore_eos']!r} must be True or False")
+    rate = values.get("request_rate")
+    if rate is not None and not (_is_number(rate) and rate > 0):
+        problems.append(f"request_rate={rate!r} must be a positive number of requests/s, or None (all at once)")
+    for name in ("timeout_s", "request_timeout_s"):
+        value = values.get(name, 1.0)
+        if not (_is_number(value) and value > 0):
+            problems.append(f"{name}={value!r} must be a positive number of seconds")
+    return problems
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _unusable(caller: str, problems: list[str]) -> str:
+    return f"{caller} got unusable arguments: " + "; ".join(problems) + "."
 
 
 @dataclass(frozen=True)
@@ -292,18 +380,16 @@ class _Load:
         self,
         url: str,
         bodies: list[bytes],
-        concurrency: int,
+        spec: LoadSpec,
         offsets: list[float] | None,
-        timeout_s: float,
-        request_timeout_s: float,
         should_abort: Callable[[], bool] | None,
     ) -> None:
         self.url = url
         self.bodies = bodies
-        self.concurrency = concurrency
+        self.concurrency = spec.concurrency
         self.offsets = offsets
-        self.timeout_s = timeout_s
-        self.request_timeout_s = request_timeout_s
+        self.timeout_s = spec.timeout_s
+        self.request_timeout_s = spec.request_timeout_s
         self.should_abort = should_abort
         self.records: list[_Request | None] = [None] * len(bodies)
         self.sent = [False] * len(bodies)
@@ -415,9 +501,7 @@ class _Load:
                 self._fail(index, kind, None, f"{why}; this request was {state}")
 
 
-def _summarize(
-    load: _Load, num_prompts: int, concurrency: int, request_rate: float | None, prompt_len: int, duration: float
-) -> LoadResult:
+def _summarize(load: _Load, spec: LoadSpec, duration: float) -> LoadResult:
     ttfts: list[float] = []
     tpots: list[float] = []
     itls: list[float] = []
@@ -431,16 +515,16 @@ def _summarize(
         completed += 1
         out = record.output_tokens or 0
         output_tokens += out
-        input_tokens += record.input_tokens if record.input_tokens is not None else prompt_len
+        input_tokens += record.input_tokens if record.input_tokens is not None else spec.prompt_len
         ttfts.append(record.ttft)
         e2els.append(record.latency)
         itls.extend(record.itl)
         if out > 1:
             tpots.append((record.latency - record.ttft) / (out - 1))
     return LoadResult(
-        num_prompts=num_prompts,
-        concurrency=concurrency,
-        request_rate=request_rate,
+        num_prompts=spec.num_prompts,
+        concurrency=spec.concurrency,
+        request_rate=spec.request_rate,
         completed=completed,
         failed=load.failed,
         errors=load.errors,
@@ -456,40 +540,17 @@ def _summarize(
     )
 
 
-def _check_inputs(
-    base_url: str,
-    model: str,
-    num_prompts: int,
-    concurrency: int,
-    max_tokens: int,
-    prompt_len: int,
-    request_rate: float | None,
-    timeout_s: float,
-    request_timeout_s: float,
-) -> None:
+# run_load's own keywords besides the LoadSpec fields: they vary per run, not per load.
+_RUN_ONLY = ("seed", "should_abort")
+
+
+def _target_problems(base_url: str, model: str) -> tuple[str, ...]:
     problems = []
     if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
         problems.append(f"base_url={base_url!r} must be the server's http(s) address, e.g. 'http://127.0.0.1:8000'")
     if not isinstance(model, str) or not model:
         problems.append(f"model={model!r} must be the served model name (as listed by GET /v1/models)")
-    for name, count, least in (
-        ("num_prompts", num_prompts, 1),
-        ("max_tokens", max_tokens, 1),
-        ("prompt_len", prompt_len, 1),
-        ("concurrency", concurrency, 0),
-    ):
-        if not isinstance(count, int) or isinstance(count, bool) or count < least:
-            problems.append(f"{name}={count!r} must be an integer >= {least}")
-    if request_rate is not None and not (isinstance(request_rate, (int, float)) and request_rate > 0):
-        problems.append(f"request_rate={request_rate!r} must be a positive number of requests/s, or None (all at once)")
-    for name, value in (("timeout_s", timeout_s), ("request_timeout_s", request_timeout_s)):
-        if not isinstance(value, (int, float)) or value <= 0:
-            problems.append(f"{name}={value!r} must be a positive number of seconds")
-    if problems:
-        raise ValueError(
-            "run_load() got unusable arguments: " + "; ".join(problems) + ". concurrency 0 means no cap "
-            "(like vllm bench without --max-concurrency)."
-        )
+    return tuple(problems)
 
 
 def _run_coroutine(make: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
@@ -505,58 +566,44 @@ def _run_coroutine(make: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
 def run_load(
     base_url: str,
     model: str,
+    spec: LoadSpec | None = None,
     *,
-    num_prompts: int = 100,
-    concurrency: int = 16,
-    max_tokens: int = 64,
-    prompt_len: int = 32,
-    ignore_eos: bool = True,
-    request_rate: float | None = None,
-    timeout_s: float = 600.0,
-    request_timeout_s: float = 120.0,
     seed: int = 0,
     should_abort: Callable[[], bool] | None = None,
+    **arguments: Any,
 ) -> LoadResult:
-    """Send `num_prompts` streaming completions to `base_url` with at most `concurrency` in flight and measure them.
+    """Send `spec.num_prompts` streaming completions to `base_url` with at most `spec.concurrency` in flight and
+    measure them. Keyword arguments named as LoadSpec's fields replace those of `spec` (the defaults when None).
 
-    request_rate None sends everything at once (limited by concurrency); a number gives Poisson arrivals at that
-    rate (seeded), still capped by concurrency; concurrency 0 means no cap. Request failures (HTTP errors, dropped
-    connections, per-request timeouts, error events) are counted in `failed` and never raised. The whole load stops at
-    `timeout_s` (unfinished requests fail as "timeout"); `should_abort` is polled every 0.2 s and ends the load early
-    (unfinished requests fail as "aborted"). Raises ValueError only for unusable arguments.
+    Request failures (HTTP errors, dropped connections, per-request timeouts, error events) are counted in `failed`
+    and never raised. The whole load stops at `timeout_s` (unfinished requests fail as "timeout"); `should_abort` is
+    polled every 0.2 s and ends the load early (unfinished requests fail as "aborted"). `seed` picks the prompts and
+    arrival times. Raises LoadSpecError (a ValueError) only for unusable arguments.
     """
-    _check_inputs(
-        base_url, model, num_prompts, concurrency, max_tokens, prompt_len, request_rate, timeout_s, request_timeout_s
+    spec = LoadSpec.of(
+        "run_load()", arguments, base=spec, problems=_target_problems(base_url, model), also_accepted=_RUN_ONLY
     )
-    request_rate = None if request_rate is None or request_rate == float("inf") else float(request_rate)
     bodies = []
-    for prompt in make_prompts(num_prompts, prompt_len, seed):
+    for prompt in make_prompts(spec.num_prompts, spec.prompt_len, seed):
         # The payload of vllm bench's async_request_openai_completions (no temperature: the server's default).
         payload: dict[str, Any] = {
             "model": model,
             "prompt": prompt,
             "repetition_penalty": 1.0,
-            "max_tokens": max_tokens,
+            "max_tokens": spec.max_tokens,
             "logprobs": None,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        if ignore_eos:
+        if spec.ignore_eos:
             payload["ignore_eos"] = True
         bodies.append(json.dumps(payload).encode())
-    load = _Load(
-        completions_url(base_url),
-        bodies,
-        concurrency,
-        arrival_offsets(num_prompts, request_rate, seed),
-        float(timeout_s),
-        float(request_timeout_s),
-        should_abort,
-    )
-    watch = watch_load(load.counts, num_prompts)  # a progress thread when the pytest adapter observes this load
+    offsets = arrival_offsets(spec.num_prompts, spec.request_rate, seed)
+    load = _Load(completions_url(base_url), bodies, spec, offsets, should_abort)
+    watch = watch_load(load.counts, spec.num_prompts)  # a progress thread when the pytest adapter observes this load
     try:
         duration = _run_coroutine(load.run)
     finally:
         watch.close()
     load.account_unfinished()
-    return _summarize(load, num_prompts, concurrency, request_rate, prompt_len, duration)
+    return _summarize(load, spec, duration)

@@ -3,24 +3,23 @@ out of memory during it. Used by the vllm_load fixture and by the tuner."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from .advice import advise, render_steps
 from .diagnose import Diagnosis, classify_failure, find_memory_error
-from .load import LoadResult, run_load
+from .load import LoadResult, LoadSpec, run_load
 from .server import VLLMServer
 
 
-def measured_load(server: VLLMServer, **load_args: Any) -> LoadResult:
-    """One load against `server` with the memory sampler marking it; diagnoses a death or OOM during the load."""
+def measured_load(server: VLLMServer, spec: LoadSpec) -> LoadResult:
+    """The load `spec` against `server` with the memory sampler marking it; diagnoses a death or OOM during it."""
     sampler = server.sampler
     log_offset = len(server.log_text())
     sampler.sample_now()
     server.loads_run += 1
     started = sampler.mark(f"load {server.loads_run}")
     # A fresh seed per load on this server: repeated prompts would hit vLLM's prefix cache and flatter TTFT.
-    load_args.setdefault("seed", server.loads_run)
-    result = run_load(server.url, server.model_name, should_abort=lambda: not server.alive(), **load_args)
+    result = run_load(
+        server.url, server.model_name, spec, seed=server.loads_run, should_abort=lambda: not server.alive()
+    )
     sampler.sample_now()
     sampler.mark("load end")
     result.peak_memory_bytes = sampler.peak_between(started)

@@ -20,6 +20,7 @@ from .fixtures import (  # noqa: F401
 )
 from .gate import Gate, evaluate_record, marker_tolerances
 from .interrupts import restore_sigterm, stop_servers_on_sigterm
+from .load import LoadSpecError
 from .ordering import group_by_server_config
 from .preflight import preflight_tier
 from .progress import choose_mode
@@ -139,9 +140,9 @@ def pytest_runtest_makereport(
     state: SessionState = item.config.stash[state_key]
     # UsageError and ServerLaunchError too: a corrupt baseline file, an interpreter without vLLM
     # (--vllm-python) or an unwritable --vllm-log-dir is found during a test and failed it with a traceback through
-    # the plugin; the message alone names the input.
+    # the plugin; the message alone names the input. LoadSpecError: a vllm_load argument, named with what it accepts.
     if call.excinfo is not None and call.excinfo.errisinstance(
-        (VLLMStartupError, LoadFailed, UsageError, ServerLaunchError)
+        (VLLMStartupError, LoadFailed, UsageError, ServerLaunchError, LoadSpecError)
     ):
         # The message already quotes the root cause and the next step; a traceback through the plugin adds nothing.
         report.longrepr = str(call.excinfo.value)

@@ -20,6 +20,7 @@ from .units import GIB
 
 if TYPE_CHECKING:
     from .kinds import FailureKind
+    from .load import LoadResult, LoadSpec
 
 # The four rungs of the example suite's ladder (example_suite/conftest.py, `strategies`).
 LADDER: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -214,16 +215,16 @@ def preflight_card(backend: str, tier: Tier, model_override: str | None, request
     return backend
 
 
-def planned_load_result(num_prompts: int, concurrency: int, request_rate: float | None) -> Any:
-    """What vllm_load returns under --vllm-preflight: every request 'completed', no figures measured."""
+def planned_load_result(spec: LoadSpec) -> LoadResult:
+    """What vllm_load returns under --vllm-preflight: every request of `spec` 'completed', no figures measured."""
     from .load import LoadResult, Percentiles
 
     zero = Percentiles(0.0, 0.0, 0.0, 0.0)
     return LoadResult(
-        num_prompts=num_prompts,
-        concurrency=concurrency,
-        request_rate=request_rate,
-        completed=num_prompts,
+        num_prompts=spec.num_prompts,
+        concurrency=spec.concurrency,
+        request_rate=spec.request_rate,
+        completed=spec.num_prompts,
         failed=0,
         errors=[],
         duration_s=0.0,

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from .config import VLLMConfig
 from .flagcheck import flag_problems
 from .kinds import FailureKind, is_failure_kind
+from .load import LoadSpec
 from .measure import measured_load
 from .server import VLLMStartupError
 from .session import Session
@@ -56,15 +57,8 @@ class TuneError(ValueError):
     """Tuner input that cannot be searched: one paragraph naming the input and what is accepted."""
 
 
-@dataclass(frozen=True)
-class LoadSpec:
-    """The short concurrent load each started server must survive."""
-
-    num_prompts: int = 32
-    concurrency: int = 8
-    max_tokens: int = 16
-    prompt_len: int = 32
-    timeout_s: float = 300.0
+# The short concurrent load each started server must survive: a trial's load should take seconds, not minutes.
+TUNE_LOAD = LoadSpec(num_prompts=32, concurrency=8, max_tokens=16, timeout_s=300.0)
 
 
 @dataclass
@@ -390,14 +384,7 @@ def run_trial(
             + (f", KV cache {kv_tokens:,} tokens" if kv_tokens else "")
             + f"; load: {load.num_prompts} prompts, {load.concurrency} concurrent, {load.max_tokens} tokens each"
         )
-        result = measured_load(
-            server,
-            num_prompts=load.num_prompts,
-            concurrency=load.concurrency,
-            max_tokens=load.max_tokens,
-            prompt_len=load.prompt_len,
-            timeout_s=load.timeout_s,
-        )
+        result = measured_load(server, load)
         startup_peak = server.startup.peak_memory_bytes if server.startup else 0
         peak = max(startup_peak, result.peak_memory_bytes or 0) or None
         largest = largest_gpu_peak(
@@ -610,7 +597,7 @@ def tune(
     low = default_low if low is None else low
     high = default_high if high is None else high
     check_range(low, high, resolution, max_startups)
-    load = load or LoadSpec()
+    load = TUNE_LOAD if load is None else load
     tier = state.tier
     device_total = state.device_total_now()  # a VM's CPU node can grow or shrink within a session
     if tier.bytes > device_total:

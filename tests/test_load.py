@@ -17,6 +17,8 @@ from aiohttp import web
 
 from pytest_vllm_mem.load import (
     LoadResult,
+    LoadSpec,
+    LoadSpecError,
     Percentiles,
     arrival_offsets,
     completions_url,
@@ -341,3 +343,36 @@ def test_bad_arguments_raise_one_clear_error(kwargs, fragment):
         run_load("http://127.0.0.1:1", "m", **kwargs)
     with pytest.raises(ValueError, match="base_url"):
         run_load("127.0.0.1:8000", "m")
+
+
+def test_a_spec_with_keyword_overrides_drives_the_load(fake):
+    spec = LoadSpec(num_prompts=3, concurrency=3, max_tokens=7, prompt_len=16, ignore_eos=False)
+    result = run_load(fake.url("ok", 0, 0), "m", spec, max_tokens=2)
+    assert result.ok and result.num_prompts == 3 and result.total_output_tokens == 3 * 2
+    assert len(fake.requests) == 3 and {body["max_tokens"] for body in fake.requests} == {2}
+    assert all("ignore_eos" not in body for body in fake.requests)  # the spec's own field, not a default
+    assert spec.max_tokens == 7  # the override made a new spec; the caller's is frozen
+
+
+def test_every_unusable_argument_is_named_in_one_paragraph():
+    with pytest.raises(LoadSpecError) as error:
+        run_load("127.0.0.1:8000", "m", num_prompts=0, ignore_eos="yes", nmu_prompts=5)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith("run_load() got unusable arguments: ")
+    assert "base_url='127.0.0.1:8000'" in message and "num_prompts=0 must be an integer >= 1" in message
+    assert "ignore_eos='yes' must be True or False" in message
+    # The misspelt name, and every name it could have been.
+    assert "nmu_prompts=5 is not an argument of run_load() (accepted: num_prompts, concurrency, max_tokens," in message
+    assert all(name in message for name in (*LoadSpec.names(), "seed", "should_abort"))
+    assert isinstance(error.value, ValueError)
+
+
+def test_a_spec_is_checked_and_normalized_when_built():
+    with pytest.raises(LoadSpecError, match=r"LoadSpec\(\) got unusable arguments: concurrency=True"):
+        LoadSpec(concurrency=True)  # a bool is not a count
+    with pytest.raises(LoadSpecError, match="request_timeout_s=0 must be a positive number of seconds"):
+        LoadSpec(request_timeout_s=0)
+    spec = LoadSpec(request_rate=float("inf"), timeout_s=5)
+    assert spec.request_rate is None and spec.timeout_s == 5.0 and isinstance(spec.timeout_s, float)
+    assert LoadSpec(request_rate=3).request_rate == 3.0
+    assert LoadSpec.of("x()", {"num_prompts": 4}, base=LoadSpec(max_tokens=2)) == LoadSpec(num_prompts=4, max_tokens=2)

@@ -34,6 +34,7 @@ from stubs.helpers import (
 
 from pytest_vllm_mem import VLLMConfig, VLLMStartupError
 from pytest_vllm_mem import server as server_module
+from pytest_vllm_mem.load import LoadSpec
 from pytest_vllm_mem.measure import measured_load
 from pytest_vllm_mem.memory import detect_device, make_probe
 from pytest_vllm_mem.server import LaunchSettings, free_port, launch, stop_all_servers
@@ -241,7 +242,7 @@ def test_a_dead_engine_fails_the_load_at_once_and_the_pool_replaces_the_server(t
 
     threading.Thread(target=kill_engine, daemon=True).start()
     try:
-        result = measured_load(server, num_prompts=3000, concurrency=16, max_tokens=64, timeout_s=60)
+        result = measured_load(server, LoadSpec(num_prompts=3000, concurrency=16, max_tokens=64, timeout_s=60))
         returned = time.monotonic()
         engine.wait(5)
         assert result.failure is not None and result.failure.kind == "crash"

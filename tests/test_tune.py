@@ -4,7 +4,7 @@ handling."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +22,7 @@ from pytest_vllm_mem.tune import (
     OK,
     TOO_HIGH,
     TOO_LOW,
+    TUNE_LOAD,
     LoadSpec,
     Trial,
     TuneError,
@@ -279,8 +280,8 @@ def _load_result(**changes) -> LoadResult:
 def fake_load(monkeypatch: pytest.MonkeyPatch):
     calls = []
 
-    def measured_load(server, **kwargs):
-        calls.append(kwargs)
+    def measured_load(server, spec):
+        calls.append(spec)
         return _load_result()
 
     monkeypatch.setattr(tune_module, "measured_load", measured_load)
@@ -301,7 +302,7 @@ def test_trial_starts_loads_and_stops(fake_load) -> None:
     assert trial.ok and trial.peak_memory_bytes == 3 * GIB and trial.kv_cache_tokens == 120_000
     assert trial.output_throughput == 512.0
     assert state.started[0].flag("gpu_memory_utilization") == 0.2 and state.started[0].flag("max_model_len") == 1024
-    assert fake_load[0]["num_prompts"] == 8 and fake_load[0]["concurrency"] == 4
+    assert fake_load[0] == LoadSpec(num_prompts=8, concurrency=4)
     assert state.pool.releases == 2  # before (fresh server) and after (stopped)
     assert "KV cache 120,000 tokens" in lines[0]
     trial.number = 2
@@ -311,7 +312,7 @@ def test_trial_starts_loads_and_stops(fake_load) -> None:
 
 
 def test_trial_over_the_tier_fails_as_too_high(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tune_module, "measured_load", lambda server, **kw: _load_result(peak_memory_bytes=9 * GIB))
+    monkeypatch.setattr(tune_module, "measured_load", lambda server, spec: _load_result(peak_memory_bytes=9 * GIB))
     state = FakeState()
     trial = run_trial(state, VLLMConfig("tiny"), 0.9, LoadSpec(), state.tier, lambda line: None)
     assert trial.outcome == "tier_exceeded" and trial.side == TOO_HIGH and trial.phase == "peak"
@@ -327,7 +328,7 @@ def test_trial_failing_at_startup_keeps_the_diagnosis(fake_load) -> None:
 
 
 def test_trial_stops_the_server_when_the_load_is_interrupted(monkeypatch: pytest.MonkeyPatch) -> None:
-    def interrupted(server, **kwargs):
+    def interrupted(server, spec):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(tune_module, "measured_load", interrupted)
@@ -437,6 +438,24 @@ def test_ctrl_c_stops_the_session_and_exits_130(monkeypatch: pytest.MonkeyPatch,
     assert "interrupted" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "flags, changed", [([], {}), (["--concurrency", "4", "--max-tokens", "8"], {"concurrency": 4, "max_tokens": 8})]
+)
+def test_the_cli_load_is_the_tuners_load_with_its_flags(
+    flags: list[str], changed: dict[str, int], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    loads = []
+
+    def recorded(state, config, **kwargs):
+        loads.append(kwargs["load"])
+        raise KeyboardInterrupt  # stop before any startup
+
+    monkeypatch.setattr(cli, "tune", recorded)
+    monkeypatch.setattr("pytest_vllm_mem.session.Session.close", lambda self: None)
+    assert cli.main(["tune", "--model", "tiny", "--cache-dir", str(tmp_path), *flags]) == 130
+    assert loads == [replace(TUNE_LOAD, **changed)]  # the CLI's defaults and the tuner's timeout are TUNE_LOAD's
+
+
 def test_exit_codes_follow_the_recommendation(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     def fake_tune(state, config, **kwargs):
         fake = gpu_like(u_max=kwargs["high"] if kwargs["low"] < 0.5 else 0.1)
@@ -490,7 +509,7 @@ def test_a_multi_gpu_trial_holds_the_fullest_gpu_against_the_tier(
     monkeypatch.setattr(
         tune_module,
         "measured_load",
-        lambda server, **kw: _load_result(peak_memory_bytes=total, peak_memory_per_gpu=load_per_gpu),
+        lambda server, spec: _load_result(peak_memory_bytes=total, peak_memory_per_gpu=load_per_gpu),
     )
     state = FakeState()
     state.start = lambda config: FakeServer(config, 4 * GIB, per_gpu=(2 * GIB, 2 * GIB))  # type: ignore[method-assign]
