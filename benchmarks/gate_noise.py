@@ -1,23 +1,29 @@
-"""The baseline gate on a noisy runner: false failures of a config against its own baseline, and the detection of
-real regressions, for the old rule (fixed tolerances) and the noise-scaled one.
+"""The baseline gate on a noisy runner, replayed as CI would meet it: false failures of a config against its own
+baseline, and the detection of real and injected regressions, for the old rule (fixed tolerances) and the new ones.
 
-Collect: one tiny-model vLLM CPU server per session, many loads against each (the load of the issue's example test:
-64 prompts, concurrency 8, 64 output tokens). Three sessions of the same config, interleaved in time with three
-regressed ones (max_num_seqs=4, 3 and 2 under a concurrency of 8: fewer sequences per step), so a baseline and a later
-run of the same config come from different servers at different times, as in CI. Every load's result is kept.
+Collect: one tiny-model vLLM CPU server per session, in time order, each session a "CI job" that runs the load of
+the issue's example test (64 prompts, concurrency 8, 64 output tokens) a few times. Same-config sessions alternate
+with regressed ones (`max_num_seqs` 6, 4, 3, 2 under a concurrency of 8: fewer sequences per step), so a baseline
+and a later run of the same config come from different servers minutes apart. Every load's result is kept, with the
+server's CPU time during it (the `cpu_per_token` metric of the CPU backend).
 
-Evaluate: a "run" is `repeat` consecutive loads of one session; the baseline is `repeat` loads of another session.
-Each pair goes through the plugin's real code (metrics.record_samples, BaselineEntry.from_samples, and the
-comparison) with the old rule, the new one, and the new one with history: the baseline entry as a CI that refreshed
-it once per session would have accumulated it (BaselineEntry.continuing, what BaselineStore.update calls, over the
-other same-config sessions, then the baseline's own), so the judge sees earlier sessions' medians. A same-config
-pair that fails is a false failure, a regressed pair that fails on a throughput or latency metric is a detection.
+Replay (`replay`): same-config session i is the baseline a push to main recorded, with the sessions before it (up to
+the 5 the baseline file keeps) as its history, exactly as `--vllm-update-baseline` would have accumulated them
+(`BaselineEntry.continuing`); every later same-config session j > i is a CI run compared with it. Only baselines with
+at least 2 earlier sessions are replayed, so every rule is judged on the same runs. A run is its session's first
+`repeat` loads, and each pair goes through the plugin's own code (`metrics.record_samples`,
+`BaselineEntry.from_samples`, `compare.compare` with the rule's judge). A same-config run that fails is a false
+failure; a regressed session (compared with every replayed baseline) or an injected regression that fails on a
+throughput or latency metric is a detection.
 
-`--layout history` (the default) starts more, shorter sessions (6 same-config ones of 6 loads, 2 regressed ones) so
-that there are earlier sessions to keep; `--layout classic` is the first layout (3 + 3 sessions, 15 loads each).
+Injected regressions put a known slowdown onto the measured same-config runs (the runner's real noise, a known
+change). At a fixed concurrency a server that serves d% fewer tokens per second keeps each request longer by
+1/(1-d) (Little's law), so a throughput-only drop with latencies unchanged cannot happen; two kinds can:
+"more work" (every time figure / (1-d), throughput x (1-d), the server's CPU per token / (1-d): a slower kernel, more
+Python per step) and "more waiting" (the same, but the CPU per token unchanged: an idle wait added per step).
 
-    python benchmarks/gate_noise.py [--quick] [--layout history|classic] [--json results/gate_noise.json]
-    python benchmarks/gate_noise.py --from results/gate_noise.json [more.json ...]   # evaluate saved loads again
+    python benchmarks/gate_noise.py [--quick] [--json results/gate_noise.json] [--budget-s S]
+    python benchmarks/gate_noise.py --from results/gate_noise.json   # replay saved loads, no server
 """
 
 from __future__ import annotations
@@ -40,30 +46,26 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 # The issue's example test: vllm_load(num_prompts=64, concurrency=8, max_tokens=64).
 LOAD = {"num_prompts": 64, "concurrency": 8, "max_tokens": 64}
 SAME = "same"
-# (session name, extra server flags, loads). Same-config sessions alternate with regressed ones so that time drift
-# of the shared machine lands between baseline and run, as it does between two CI jobs.
+# (session name, extra server flags, loads), in time order: 8 same-config "CI jobs" of 5 loads (runs of repeat 1, 3
+# and 5 can be cut from each), 4 regressed ones of 3 loads between them. About 15 minutes on 2 quiet cores.
 SESSIONS: tuple[tuple[str, dict[str, Any], int], ...] = (
-    ("same-1", {}, 15),
-    ("max_num_seqs=4", {"max_num_seqs": 4}, 9),
-    ("same-2", {}, 15),
-    ("max_num_seqs=3", {"max_num_seqs": 3}, 6),
-    ("same-3", {}, 15),
-    ("max_num_seqs=2", {"max_num_seqs": 2}, 6),
-)
-# Sessions are what the history needs: six of the same config (each one can be "now" with up to five earlier ones
-# kept), shorter so the whole collection stays near 10 minutes on 2 cores.
-HISTORY_SESSIONS: tuple[tuple[str, dict[str, Any], int], ...] = (
-    ("same-1", {}, 6),
-    ("same-2", {}, 6),
+    ("same-1", {}, 5),
+    ("same-2", {}, 5),
+    ("same-3", {}, 5),
+    ("max_num_seqs=6", {"max_num_seqs": 6}, 3),
+    ("same-4", {}, 5),
     ("max_num_seqs=4", {"max_num_seqs": 4}, 3),
-    ("same-3", {}, 6),
-    ("same-4", {}, 6),
+    ("same-5", {}, 5),
+    ("same-6", {}, 5),
+    ("max_num_seqs=3", {"max_num_seqs": 3}, 3),
+    ("same-7", {}, 5),
     ("max_num_seqs=2", {"max_num_seqs": 2}, 3),
-    ("same-5", {}, 6),
-    ("same-6", {}, 6),
+    ("same-8", {}, 5),
 )
-LAYOUTS = {"classic": SESSIONS, "history": HISTORY_SESSIONS}
-QUICK_LOADS = {SAME: 6, "max_num_seqs=4": 3, "max_num_seqs=3": 3, "max_num_seqs=2": 3}
+QUICK_SESSIONS = (("same-1", {}, 3), ("same-2", {}, 3), ("same-3", {}, 3), ("max_num_seqs=2", {"max_num_seqs": 2}, 3))
+REPEATS = (1, 3, 5)
+KEEP_HISTORY = 5  # what the baseline file keeps (baseline_store.KEEP_HISTORY)
+MIN_EARLIER = 2  # baselines replayed: those with this many earlier sessions (noise.MIN_HISTORY)
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -73,7 +75,7 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def collect(quick: bool, out: Path, layout: str = "history", budget_s: float | None = None) -> dict[str, Any]:
+def collect(quick: bool, out: Path, budget_s: float | None = None) -> dict[str, Any]:
     """Start each session's server once, run its loads, keep everything the plugin's record would hold."""
     from agreement import start_tiny_server
 
@@ -85,18 +87,15 @@ def collect(quick: bool, out: Path, layout: str = "history", budget_s: float | N
         "load": LOAD,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "nproc": os.cpu_count(),
-        "layout": layout,
         "load_average_before": os.getloadavg(),
         "sessions": [],
     }
     started = time.monotonic()
-    for name, flags, loads in LAYOUTS[layout]:
+    for name, flags, loads in QUICK_SESSIONS if quick else SESSIONS:
         if budget_s is not None and time.monotonic() - started > budget_s:
             print(f"budget of {budget_s:g} s spent: {name} and later sessions not started", flush=True)
             data["skipped"] = [*data.get("skipped", []), name]
             continue
-        if quick:
-            loads = QUICK_LOADS[SAME if name.startswith(SAME) else name]
         t0 = time.monotonic()
         state, server = start_tiny_server(workdir / "logs", **flags)
         startup_s = time.monotonic() - t0
@@ -114,9 +113,10 @@ def collect(quick: bool, out: Path, layout: str = "history", budget_s: float | N
             for _ in range(loads):
                 result = measured_load(server, LoadSpec(**LOAD))
                 session["loads"].append({**result.to_dict(), "load_average": os.getloadavg()[0]})
+                cpu = f"{result.cpu_ms_per_token:5.2f}" if result.cpu_ms_per_token is not None else "    -"
                 print(
                     f"{name:>15}  {result.output_throughput:7.1f} tok/s  ttft p50 {result.ttft.p50:6.1f} ms  "
-                    f"p99 {result.ttft.p99:6.1f} ms  tpot p50 {result.tpot.p50:5.2f} ms",
+                    f"tpot p50 {result.tpot.p50:5.2f} ms  cpu {cpu} ms/token",
                     flush=True,
                 )
         finally:
@@ -131,39 +131,22 @@ def collect(quick: bool, out: Path, layout: str = "history", budget_s: float | N
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a few loads per session (a smoke test, not figures)")
+    parser.add_argument("--quick", action="store_true", help="4 short sessions (a smoke test, not figures)")
     parser.add_argument("--json", default=str(ROOT / "results" / "gate_noise.json"), help="where the loads go")
     parser.add_argument("--budget-s", type=float, help="start no session after this many seconds (a shared machine)")
-    parser.add_argument("--layout", choices=sorted(LAYOUTS), default="history", help="which sessions to start")
-    parser.add_argument(
-        "--from",
-        dest="source",
-        nargs="+",
-        help="evaluate the loads saved in these files (their sessions together, in order); start no server",
-    )
+    parser.add_argument("--from", dest="source", help="replay the loads saved in this file; start no server")
     args = parser.parse_args()
-    if args.source:
-        data = merge([json.loads(Path(path).read_text()) for path in args.source])
-    else:
-        data = collect(args.quick, Path(args.json), args.layout, args.budget_s)
+    data = (
+        json.loads(Path(args.source).read_text())
+        if args.source
+        else collect(args.quick, Path(args.json), args.budget_s)
+    )
     figures = evaluate_and_print(data)
     if args.source is None or args.json != parser.get_default("json"):
         _write_json(Path(args.json), {**data, "evaluation": figures})
 
 
-def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
-    """One document of several collections' sessions, in file order; names get the file's number when several."""
-    if len(documents) == 1:
-        return documents[0]
-    sessions = [
-        {**session, "name": f"{session['name']}@{i + 1}"}
-        for i, doc in enumerate(documents)
-        for session in doc["sessions"]
-    ]
-    return {**documents[0], "sessions": sessions, "merged_from": [doc.get("date") for doc in documents]}
-
-
-# ---- evaluation ---------------------------------------------------------------------------------------------------
+# ---- replay --------------------------------------------------------------------------------------------------------
 
 # The old rule: the fixed band on the medians with the defaults before the noise-aware gate (baseline.py, f7ea9db).
 OLD_TOLERANCES = {
@@ -176,7 +159,8 @@ OLD_TOLERANCES = {
     "ttft_p99": 0.20,
     "tpot_p50": 0.20,
 }
-REPEATS = (1, 2, 3, 5)
+# What a detection may fail on: the throughput and latency metrics (memory and KV do not move with these flags).
+NOISY = ("output_throughput", "request_throughput", "ttft_p50", "ttft_p99", "tpot_p50", "cpu_per_token")
 
 
 @dataclass(frozen=True)
@@ -194,9 +178,10 @@ def _samples(session: dict[str, Any], loads: list[dict[str, Any]]) -> dict[str, 
     return record_samples(_Run(session["startup"], session["memory"], loads))
 
 
-def _chunks(session: dict[str, Any], repeat: int) -> list[list[dict[str, Any]]]:
+def _run(session: dict[str, Any], repeat: int) -> list[dict[str, Any]] | None:
+    """A CI job's run: the session's first `repeat` completed loads (None when it has fewer)."""
     loads = [load for load in session["loads"] if load.get("completed")]
-    return [loads[i : i + repeat] for i in range(0, len(loads) - repeat + 1, repeat)]
+    return loads[:repeat] if len(loads) >= repeat else None
 
 
 @dataclass(frozen=True)
@@ -213,50 +198,14 @@ def rules() -> list[Rule]:
     from pytest_vllm_mem.noise import noise_aware_judge
 
     old = {name: Tolerance(relative=value, unit=METRICS[name].unit) for name, value in OLD_TOLERANCES.items()}
+    new = resolve_tolerances({}, {}, {})
+    without_cpu = {name: tolerance for name, tolerance in new.items() if name != "cpu_per_token"}
     return [
         Rule("old: fixed tolerances", tolerance_judge, old),
-        Rule("new: noise-scaled (plugin defaults)", noise_aware_judge, resolve_tolerances({}, {}, {})),
-        Rule("new + history of earlier sessions", noise_aware_judge, resolve_tolerances({}, {}, {}), history=True),
+        Rule("new, no history", noise_aware_judge, new),
+        Rule("new + history, without cpu_per_token", noise_aware_judge, without_cpu, history=True),
+        Rule("new + history (plugin defaults)", noise_aware_judge, new, history=True),
     ]
-
-
-def sweep(
-    data: dict[str, Any], ks: tuple[float, ...] = (2.0, 2.5, 3.0, 4.0), repeats: tuple[int, ...] = (3, 5)
-) -> list[dict[str, Any]]:
-    """The noise rule with other k: same-config false failures and throughput-only detections (how k was chosen)."""
-    from pytest_vllm_mem.metrics import resolve_tolerances
-    from pytest_vllm_mem.noise import NoiseJudge
-
-    sessions = data["sessions"]
-    same = [s for s in sessions if s["name"].startswith(SAME)]
-    regressed = [s for s in sessions if not s["name"].startswith(SAME)]
-    rows = []
-    for repeat in repeats:
-        for k in ks:
-            rule = Rule(f"k={k:g}", NoiseJudge(k=k), resolve_tolerances({}, {}, {}))
-            row: dict[str, Any] = {"repeat": repeat, "k": k}
-            pairs = [
-                (b, bl, n, nl)
-                for b in same
-                for n in same
-                if b is not n
-                for bl, nl in zip(_chunks(b, repeat), _chunks(n, repeat))
-            ]
-            row["same"] = (sum(bool(judge_pair(rule, *pair)) for pair in pairs), len(pairs))
-            for r in regressed:
-                now_chunks = _chunks(r, repeat)
-                outcomes = [
-                    any(
-                        c.metric == "output_throughput"
-                        for c in judge_pair(rule, b, bl, r, now_chunks[i % len(now_chunks)])
-                    )
-                    for b in same
-                    for i, bl in enumerate(_chunks(b, repeat))
-                    if now_chunks
-                ]
-                row[r["name"]] = (sum(outcomes), len(outcomes))
-            rows.append(row)
-    return rows
 
 
 def judge_pair(
@@ -284,117 +233,147 @@ def judge_pair(
         fresh = BaselineEntry.from_samples("gate_noise", env, _samples(session, loads), config=base_session["launched"])
         entry = fresh.continuing(entry, metrics=noisy)
     assert entry is not None
-    tolerances = {name: rule.tolerances[name] for name in rule.tolerances}
-    # Metrics a rule has no tolerance for (report-only under it) are not gated: pass the plugin's own mapping.
-    comparisons = compare(entry, _samples(now_session, now_loads), tolerances, judge=rule.judge)
-    return gate_failures([c for c in comparisons if c.metric in tolerances], strict=strict)
+    comparisons = compare(entry, _samples(now_session, now_loads), rule.tolerances, judge=rule.judge)
+    # Metrics a rule has no tolerance for (report-only under it) are not gated.
+    return gate_failures([c for c in comparisons if c.metric in rule.tolerances], strict=strict)
 
 
-# Throughput drops put onto the measured same-config loads: the machine's real noise, a known regression. Only the
-# two throughput figures move (latencies stay as measured), so these count what the throughput gate alone catches.
 INJECTED = (0.15, 0.30, 0.70)
+_TIMES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 
 
-def _earlier(
-    same: list[dict[str, Any]], exclude: tuple[dict[str, Any], ...], index: int, repeat: int
-) -> tuple[tuple[dict[str, Any], list[dict[str, Any]]], ...]:
-    """The earlier recordings of a baseline: one run of `repeat` loads of each other same-config session (not the
-    baseline's, not now's), in session order. A CI's earlier sessions all precede the baseline; here they are the
-    benchmark's other sessions, before and after it (the machine's scatter between sessions is what they carry)."""
-    earlier = []
-    for session in same:
-        chunks = _chunks(session, repeat)
-        if any(session is x for x in exclude) or not chunks:
-            continue
-        earlier.append((session, chunks[index % len(chunks)]))
-    return tuple(earlier)
-
-
-def _slower(load: dict[str, Any], drop: float) -> dict[str, Any]:
-    return {
+def slower(load: dict[str, Any], drop: float, more_work: bool) -> dict[str, Any]:
+    """`load` served `drop` slower: throughput x (1 - drop), every per-request time / (1 - drop); with `more_work`
+    the server's CPU per token too (the same work takes longer), else it stays (the server waits, idle)."""
+    factor = 1 / (1 - drop)
+    out = {
         **load,
         "output_throughput": load["output_throughput"] * (1 - drop),
         "request_throughput": load["request_throughput"] * (1 - drop),
+        **{key: {k: v * factor for k, v in load[key].items()} for key in _TIMES if isinstance(load.get(key), dict)},
     }
+    if more_work and load.get("cpu_ms_per_token"):
+        out["cpu_ms_per_token"] = load["cpu_ms_per_token"] * factor
+    return out
 
 
-NOISY = ("output_throughput", "request_throughput", "ttft_p50", "ttft_p99", "tpot_p50")
+@dataclass(frozen=True)
+class Pair:
+    """One replayed CI run: the baseline session, its run, its earlier sessions' runs, the later session's run."""
+
+    base: dict[str, Any]
+    base_loads: list[dict[str, Any]]
+    earlier: tuple[tuple[dict[str, Any], list[dict[str, Any]]], ...]
+    now: dict[str, Any]
+    now_loads: list[dict[str, Any]]
+
+
+def _baselines(same: list[dict[str, Any]], repeat: int) -> list[tuple[int, tuple[Any, ...]]]:
+    """(index, earlier runs) of each same-config session that can be a replayed baseline at `repeat`."""
+    found = []
+    for i, session in enumerate(same):
+        if _run(session, repeat) is None:
+            continue
+        earlier = tuple((s, r) for s in same[max(0, i - KEEP_HISTORY) : i] if (r := _run(s, repeat)) is not None)
+        if len(earlier) >= MIN_EARLIER:
+            found.append((i, earlier))
+    return found
+
+
+def same_pairs(same: list[dict[str, Any]], repeat: int) -> list[Pair]:
+    pairs = []
+    for i, earlier in _baselines(same, repeat):
+        for later in same[i + 1 :]:
+            now_loads = _run(later, repeat)
+            if now_loads is not None:
+                pairs.append(Pair(same[i], _run(same[i], repeat) or [], earlier, later, now_loads))
+    return pairs
+
+
+def regressed_pairs(same: list[dict[str, Any]], regressed: dict[str, Any], repeat: int) -> list[Pair]:
+    now_loads = _run(regressed, repeat)
+    if now_loads is None:
+        return []
+    return [
+        Pair(same[i], _run(same[i], repeat) or [], earlier, regressed, now_loads)
+        for i, earlier in _baselines(same, repeat)
+    ]
+
+
+def _fails(rule: Rule, pair: Pair, now_loads: list[dict[str, Any]] | None = None) -> list[Any]:
+    loads = pair.now_loads if now_loads is None else now_loads
+    return judge_pair(rule, pair.base, pair.base_loads, pair.now, loads, earlier=pair.earlier)
 
 
 def evaluate(data: dict[str, Any]) -> dict[str, Any]:
-    """False failures of same-config pairs and detections of regressed ones, per repeat and rule."""
+    """False failures of same-config runs and detections of regressed ones, per repeat and rule."""
     sessions = data["sessions"]
     same = [s for s in sessions if s["name"].startswith(SAME)]
     regressed = [s for s in sessions if not s["name"].startswith(SAME)]
     figures: dict[str, Any] = {"effects": effects(same, regressed), "results": []}
     for repeat in REPEATS:
+        pairs = same_pairs(same, repeat)
+        if not pairs:
+            continue
         for rule in rules():
             row: dict[str, Any] = {"repeat": repeat, "rule": rule.name}
-            pairs = [
-                (b, bl, n, nl, _earlier(same, (b, n), i, repeat))
-                for b in same
-                for n in same
-                if b is not n
-                for i, (bl, nl) in enumerate(zip(_chunks(b, repeat), _chunks(n, repeat)))
-            ]
             failed: dict[str, int] = {}
             runs_failed = 0
-            kept: list[int] = []
-            for b, bl, n, nl, earlier in pairs:
-                failures = judge_pair(rule, b, bl, n, nl, earlier=earlier)
-                kept.append(len(earlier) if rule.history else 0)
+            for pair in pairs:
+                failures = _fails(rule, pair)
                 runs_failed += bool(failures)
                 for c in failures:
                     failed[c.metric] = failed.get(c.metric, 0) + 1
-            # "update?": the summary's hint that a metric improved beyond tolerance (fails only in strict mode).
-            update = sum(
-                any(c.status == "improved" for c in judge_pair(rule, b, bl, n, nl, strict=True, earlier=earlier))
-                for b, bl, n, nl, earlier in pairs
-            )
-            row["same"] = {"runs": len(pairs), "failed": runs_failed, "by_metric": failed, "update_hint": update}
-            row["earlier_sessions"] = sorted(set(kept))
-            for drop in INJECTED:
-                caught = sum(
-                    bool(
-                        [
-                            c
-                            for c in judge_pair(rule, b, bl, n, [_slower(load, drop) for load in nl], earlier=earlier)
-                            if c.metric in NOISY
-                        ]
+            row["same"] = {"runs": len(pairs), "failed": runs_failed, "by_metric": failed}
+            for more_work in (True, False):
+                for drop in INJECTED:
+                    caught = sum(
+                        any(
+                            c.metric in NOISY
+                            for c in _fails(rule, pair, [slower(load, drop, more_work) for load in pair.now_loads])
+                        )
+                        for pair in pairs
                     )
-                    for b, bl, n, nl, earlier in pairs
-                )
-                row[f"injected -{drop:.0%}"] = {"runs": len(pairs), "caught": caught}
+                    kind = "more work" if more_work else "more waiting"
+                    row[f"{kind} -{drop:.0%}"] = {"runs": len(pairs), "caught": caught}
             for r in regressed:
-                now_chunks = _chunks(r, repeat)
                 trials = caught = 0
-                example = None
                 by_metric: dict[str, int] = {}
-                for b in same:
-                    for i, bl in enumerate(_chunks(b, repeat)):
-                        if not now_chunks:
-                            continue
-                        now_loads = now_chunks[i % len(now_chunks)]
-                        earlier = _earlier(same, (b,), i, repeat)
-                        failures = [
-                            c for c in judge_pair(rule, b, bl, r, now_loads, earlier=earlier) if c.metric in NOISY
-                        ]
-                        trials += 1
-                        caught += bool(failures)
-                        for c in failures:
-                            by_metric[c.metric] = by_metric.get(c.metric, 0) + 1
-                        if failures and example is None:
-                            example = [c.message() for c in failures]
-                row[r["name"]] = {"runs": trials, "caught": caught, "by_metric": by_metric, "example": example}
+                example = None
+                for pair in regressed_pairs(same, r, repeat):
+                    failures = [c for c in _fails(rule, pair) if c.metric in NOISY]
+                    trials += 1
+                    caught += bool(failures)
+                    for c in failures:
+                        by_metric[c.metric] = by_metric.get(c.metric, 0) + 1
+                    if failures and example is None:
+                        example = [c.message() for c in failures]
+                if trials:
+                    row[r["name"]] = {"runs": trials, "caught": caught, "by_metric": by_metric, "example": example}
             figures["results"].append(row)
-    print("\nthe noise rule with other k (same-config runs failed; output_throughput alone catching each flag)")
-    figures["sweep"] = sweep(data)
-    for row in figures["sweep"]:
-        print(
-            f"  repeat {row['repeat']}  k={row['k']:<4g} "
-            + "; ".join(f"{key} {value[0]}/{value[1]}" for key, value in row.items() if isinstance(value, tuple))
-        )
+    figures["sweep"] = sweep(same)
     return figures
+
+
+def sweep(same: list[dict[str, Any]], ks: tuple[float, ...] = (2.0, 2.5, 3.0, 4.0)) -> list[dict[str, Any]]:
+    """The history rule with other k_history at repeat 3: same-config false failures and injected 30% "more work"
+    and "more waiting" detections (how k_history is chosen)."""
+    from pytest_vllm_mem.metrics import resolve_tolerances
+    from pytest_vllm_mem.noise import NoiseJudge
+
+    pairs = same_pairs(same, 3)
+    rows = []
+    for k in ks:
+        rule = Rule(f"k_history={k:g}", NoiseJudge(k_history=k), resolve_tolerances({}, {}, {}), history=True)
+        row: dict[str, Any] = {"k_history": k, "same": (sum(bool(_fails(rule, p)) for p in pairs), len(pairs))}
+        for more_work in (True, False):
+            caught = sum(
+                any(c.metric in NOISY for c in _fails(rule, p, [slower(x, 0.30, more_work) for x in p.now_loads]))
+                for p in pairs
+            )
+            row["more work -30%" if more_work else "more waiting -30%"] = (caught, len(pairs))
+        rows.append(row)
+    return rows
 
 
 def _median(values: list[float]) -> float:
@@ -405,11 +384,12 @@ def _median(values: list[float]) -> float:
 
 def effects(same: list[dict[str, Any]], regressed: list[dict[str, Any]]) -> dict[str, Any]:
     """Per session: each metric's median and robust spread; per regressed session, its change against the pooled
-    same-config sessions (what the flag really does)."""
+    same-config sessions (what the flag really does); the spread of the same-config sessions' medians."""
     from pytest_vllm_mem.noise import pooled_spread
 
-    out: dict[str, Any] = {"sessions": {}, "changes": {}}
+    out: dict[str, Any] = {"sessions": {}, "changes": {}, "between_sessions": {}}
     pooled: dict[str, list[float]] = {}
+    medians: dict[str, list[float]] = {}
     for session in same + regressed:
         samples = _samples(session, session["loads"])
         out["sessions"][session["name"]] = {
@@ -423,6 +403,7 @@ def effects(same: list[dict[str, Any]], regressed: list[dict[str, Any]]) -> dict
         if session in same:
             for name, values in samples.items():
                 pooled.setdefault(name, []).extend(values)
+                medians.setdefault(name, []).append(_median(values))
     for session in regressed:
         samples = _samples(session, session["loads"])
         out["changes"][session["name"]] = {
@@ -430,46 +411,43 @@ def effects(same: list[dict[str, Any]], regressed: list[dict[str, Any]]) -> dict
             for name, values in samples.items()
             if name in NOISY and name in pooled
         }
+    out["between_sessions"] = {name: pooled_spread(values) for name, values in medians.items() if name in NOISY}
     return out
 
 
 def evaluate_and_print(data: dict[str, Any]) -> dict[str, Any]:
     figures = evaluate(data)
-    print("\nper session: median (robust spread of one load, min..max)")
+    print("\nper session, in time order: median (robust spread of one load, min..max)")
     for name, metrics in figures["effects"]["sessions"].items():
         cells = []
-        for metric in (
-            "output_throughput",
-            "ttft_p50",
-            "ttft_p99",
-            "tpot_p50",
-            "load_peak_memory",
-            "startup_peak_memory",
-            "kv_cache_tokens",
-        ):
+        for metric in ("output_throughput", "ttft_p50", "tpot_p50", "cpu_per_token", "kv_cache_tokens"):
             m = metrics.get(metric)
             if m:
                 spread = f"{m['spread'] * 100:.1f}%" if m["spread"] is not None else "-"
                 cells.append(f"{metric} {m['median']:.4g} ({spread}, {m['min']:.4g}..{m['max']:.4g})")
         print(f"  {name:>15} startup {metrics['startup_s']:.0f} s, {metrics['loads']} loads: " + "; ".join(cells))
+    between = figures["effects"]["between_sessions"]
+    print(
+        "\nspread of the same-config sessions' medians (robust, log scale): "
+        + ", ".join(f"{name} {value * 100:.1f}%" for name, value in between.items() if value is not None)
+    )
     print("\nwhat each flag really does (median vs the pooled same-config loads)")
     for name, changes in figures["effects"]["changes"].items():
         print(f"  {name:>15}: " + ", ".join(f"{m} {v * 100:+.0f}%" for m, v in changes.items()))
-    print(
-        "\nfalse failures (same config vs its own baseline) and detections (regressed config fails on a "
-        "throughput or latency metric)"
-    )
+    print("\nreplayed CI runs: same config failed (false failures); regressions caught on a throughput/latency metric")
     for row in figures["results"]:
         same = row["same"]
-        cells = [
-            f"same {same['failed']}/{same['runs']} failed {same['by_metric'] or ''}, {same['update_hint']} said update?"
-        ]
+        cells = [f"same {same['failed']}/{same['runs']} failed {same['by_metric'] or ''}"]
         for key, value in row.items():
             if isinstance(value, dict) and key != "same":
-                cells.append(f"{key} caught {value['caught']}/{value['runs']}")
-        if row.get("earlier_sessions", [0]) != [0]:
-            cells.append(f"earlier sessions kept {row['earlier_sessions']}")
+                cells.append(f"{key} {value['caught']}/{value['runs']}")
         print(f"  repeat {row['repeat']}  {row['rule']:<38} " + "; ".join(cells))
+    print("\nk_history at repeat 3 (same-config runs failed; injected 30% regressions caught)")
+    for row in figures["sweep"]:
+        print(
+            f"  k_history={row['k_history']:<4g} "
+            + "; ".join(f"{key} {value[0]}/{value[1]}" for key, value in row.items() if isinstance(value, tuple))
+        )
     return figures
 
 

@@ -195,6 +195,16 @@ class LoadResult:
     server_alive: bool = True
     failure: Diagnosis | None = None  # why the server died or what memory error it logged during the load
     advice: list[str] = field(default_factory=list)  # next steps for that failure
+    # CPU backend only: the CPU seconds the server's processes spent during the load (None: not measured).
+    server_cpu_s: float | None = None
+
+    @property
+    def cpu_ms_per_token(self) -> float | None:
+        """Server CPU milliseconds per generated token: the work the server did per token. On the CPU backend the CPU
+        is the device, and a neighbour that takes cores stretches the load's wall clock but not this figure."""
+        if self.server_cpu_s is None or self.total_output_tokens <= 0 or self.server_cpu_s <= 0:
+            return None
+        return self.server_cpu_s * 1000 / self.total_output_tokens
 
     @property
     def ok(self) -> bool:
@@ -224,6 +234,8 @@ class LoadResult:
             "server_alive": self.server_alive,
             "failure": self.failure.to_dict() if self.failure is not None else None,
             "advice": list(self.advice),
+            "server_cpu_s": self.server_cpu_s,
+            "cpu_ms_per_token": self.cpu_ms_per_token,
         }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from .advice import advise, render_steps
 from .diagnose import Diagnosis, classify_failure, find_memory_error
 from .load import LoadResult, LoadSpec, run_load
+from .memory import cpu_seconds_between, tree_cpu_times
 from .server import VLLMServer
 
 
@@ -16,10 +17,15 @@ def measured_load(server: VLLMServer, spec: LoadSpec) -> LoadResult:
     sampler.sample_now()
     server.loads_run += 1
     started = sampler.mark(f"load {server.loads_run}")
+    # The CPU backend's device is the CPU: its work per token is read from the server's CPU time. (On a GPU the host
+    # CPU time holds the CUDA synchronisation spin and says little about the device's work: not measured there.)
+    cpu_before = tree_cpu_times(server.pid) if server.device.backend == "cpu" else {}
     # A fresh seed per load on this server: repeated prompts would hit vLLM's prefix cache and flatter TTFT.
     result = run_load(
         server.url, server.model_name, spec, seed=server.loads_run, should_abort=lambda: not server.alive()
     )
+    if cpu_before:
+        result.server_cpu_s = cpu_seconds_between(cpu_before, tree_cpu_times(server.pid))
     sampler.sample_now()
     sampler.mark("load end")
     result.peak_memory_bytes = sampler.peak_between(started)

@@ -264,6 +264,17 @@ METRICS: dict[str, Metric] = {
         _gated(
             "tpot_p50", "ms", False, 0.20, "median time per output token after the first", "load", ("tpot_ms", "p50")
         ),
+        # CPU backend only (not measured on GPUs): the server's work per token, which a busy neighbour on a shared
+        # runner does not move (a CPU hog beside the server cut throughput 18-35%, this by under 5%; issue 15).
+        _gated(
+            "cpu_per_token",
+            "ms",
+            False,
+            0.10,
+            "server CPU time per generated token (CPU backend)",
+            "load",
+            ("cpu_ms_per_token",),
+        ),
         _figure("startup_time", "s", False, "seconds from launch until the server answered", ("startup", "duration_s")),
         _figure(
             "requested_memory",

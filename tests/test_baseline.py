@@ -175,6 +175,7 @@ def test_default_tolerances() -> None:
         "request_throughput": 0.10,
         "ttft_p50": 0.20,
         "tpot_p50": 0.20,
+        "cpu_per_token": 0.10,
     }
 
 

@@ -17,7 +17,7 @@ from .cpu import ProcessTreeProbe, cpu_device, cpu_memory_node, cpu_model_name, 
 from .device import DeviceError, DeviceInfo, MemoryProbe, ProbeReadError
 from .gpu import NvmlProbe
 from .nvml import NvmlError, NvmlUnavailable, device_count
-from .process_tree import process_tree
+from .process_tree import cpu_seconds_between, process_tree, tree_cpu_times
 from .sampler import MemorySampler
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "cpu_memory_node",
     "cpu_model_name",
     "cpu_node_memory",
+    "cpu_seconds_between",
     "detect_device",
     "detect_devices",
     "device_count",
@@ -41,5 +42,6 @@ __all__ = [
     "make_probe",
     "process_tree",
     "server_devices",
+    "tree_cpu_times",
     "wait_for_free_memory",
 ]

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 
 import psutil
 
-__all__ = ["process_name", "process_tree"]
+__all__ = ["cpu_seconds_between", "process_name", "process_tree", "tree_cpu_times"]
 
 
 def process_tree(root_pid: int) -> set[int]:
@@ -67,3 +68,26 @@ def process_name(pid: int) -> str:
         return str(psutil.Process(pid).name())
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return "?"
+
+
+def tree_cpu_times(root_pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) each live process of `root_pid`'s tree has used so far, by pid; empty if the
+    root is gone. Two readings around a load give the CPU time the server spent on it (`cpu_seconds_between`): on a
+    shared machine a busy neighbour stretches the load's wall clock, not the work the server does per token."""
+    times: dict[int, float] = {}
+    for pid in process_tree(root_pid):
+        try:
+            cpu = psutil.Process(pid).cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        times[pid] = cpu.user + cpu.system
+    return times
+
+
+def cpu_seconds_between(before: Mapping[int, float], after: Mapping[int, float]) -> float | None:
+    """The CPU time the tree used between two readings: what each process used since the first (all of it for one
+    started since). None when a reading is empty (the server is gone) or a process of the first reading has exited
+    (its time is lost with it, so the sum would come out short)."""
+    if not before or not after or not before.keys() <= after.keys():
+        return None
+    return sum(after[pid] - before.get(pid, 0.0) for pid in after)
