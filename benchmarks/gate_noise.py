@@ -355,24 +355,29 @@ def evaluate(data: dict[str, Any]) -> dict[str, Any]:
     return figures
 
 
-def sweep(same: list[dict[str, Any]], ks: tuple[float, ...] = (2.0, 2.5, 3.0, 4.0)) -> list[dict[str, Any]]:
-    """The history rule with other k_history at repeat 3: same-config false failures and injected 30% "more work"
-    and "more waiting" detections (how k_history is chosen)."""
+def sweep(same: list[dict[str, Any]], alphas: tuple[float, ...] = (0.05, 0.025, 0.01)) -> list[dict[str, Any]]:
+    """The window rule at other one-sided levels, repeats 3 and 5: same-config false failures and injected 30%
+    "more work" and "more waiting" detections (how the default alpha was chosen)."""
     from pytest_vllm_mem.metrics import resolve_tolerances
     from pytest_vllm_mem.noise import NoiseJudge
 
-    pairs = same_pairs(same, 3)
     rows = []
-    for k in ks:
-        rule = Rule(f"k_history={k:g}", NoiseJudge(k_history=k), resolve_tolerances({}, {}, {}), history=True)
-        row: dict[str, Any] = {"k_history": k, "same": (sum(bool(_fails(rule, p)) for p in pairs), len(pairs))}
-        for more_work in (True, False):
-            caught = sum(
-                any(c.metric in NOISY for c in _fails(rule, p, [slower(x, 0.30, more_work) for x in p.now_loads]))
-                for p in pairs
-            )
-            row["more work -30%" if more_work else "more waiting -30%"] = (caught, len(pairs))
-        rows.append(row)
+    for repeat in (3, 5):
+        pairs = same_pairs(same, repeat)
+        for alpha in alphas:
+            rule = Rule(f"alpha={alpha:g}", NoiseJudge(alpha=alpha), resolve_tolerances({}, {}, {}), history=True)
+            row: dict[str, Any] = {
+                "repeat": repeat,
+                "alpha": alpha,
+                "same": (sum(bool(_fails(rule, p)) for p in pairs), len(pairs)),
+            }
+            for more_work in (True, False):
+                caught = sum(
+                    any(c.metric in NOISY for c in _fails(rule, p, [slower(x, 0.30, more_work) for x in p.now_loads]))
+                    for p in pairs
+                )
+                row["more work -30%" if more_work else "more waiting -30%"] = (caught, len(pairs))
+            rows.append(row)
     return rows
 
 
@@ -442,10 +447,10 @@ def evaluate_and_print(data: dict[str, Any]) -> dict[str, Any]:
             if isinstance(value, dict) and key != "same":
                 cells.append(f"{key} {value['caught']}/{value['runs']}")
         print(f"  repeat {row['repeat']}  {row['rule']:<38} " + "; ".join(cells))
-    print("\nk_history at repeat 3 (same-config runs failed; injected 30% regressions caught)")
+    print("\nthe window rule at other one-sided levels alpha (same-config runs failed; injected 30% caught)")
     for row in figures["sweep"]:
         print(
-            f"  k_history={row['k_history']:<4g} "
+            f"  repeat {row['repeat']}  alpha={row['alpha']:<6g} "
             + "; ".join(f"{key} {value[0]}/{value[1]}" for key, value in row.items() if isinstance(value, tuple))
         )
     return figures

@@ -2,9 +2,10 @@
 
 Compare medians, and let the noise the runs themselves show widen the band: a change fails when it exceeds
 max(floor, k x its standard error) (k = 4), where the floor is the metric's tolerance and the standard error comes
-from a robust spread (MAD) pooled over the baseline's runs and this run's repeats, or, where the baseline file keeps
-earlier sessions' medians (`history`) and they scatter more, from the spread of the session medians: the part of the
-noise that repeats within one session cannot see (a whole run on a fast or a slow moment of a shared machine).
+from a robust spread (MAD) pooled over the baseline's runs and this run's repeats. Repeats within one session cannot
+see a whole run landing on a fast or a slow moment of a shared machine, so where the baseline file keeps earlier
+sessions' medians (`history`), the run is judged as one more session: its median against the window of recorded
+session medians, with a one-sided prediction bound from their mean and spread (Student's t for the few sessions).
 
 On the log scale: a shared machine slows a load down by a factor, so the noise of throughput and latency is a
 factor too. In logs a 70% throughput drop (x 0.3) stands as far out of noise as a x 3.3 latency rise, and the spread
@@ -18,6 +19,7 @@ can be both strict and sensitive. A threshold scaled by the observed noise says 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -38,14 +40,32 @@ _Z_POWER = 1.645
 # no k removes is a shift between sessions: a second run's sessions had medians 624, 700 and 784 tok/s, each within
 # 8-16%, and k=4 failed 4 of 30 (k=5: 4 of 30). Only earlier sessions' medians (`history`) can show that noise.
 DEFAULT_K = 4.0
-# Standard errors a change must exceed when the spread of earlier sessions' medians set them: that spread is the noise
-# between two sessions itself, so k = 4's margin for drift is not needed. On the two loaded benchmark runs' six
-# sessions (pooled, 3 vs 3 with 4 earlier sessions) k_history = 3 failed 2 of 150 healthy runs and caught 136 of 150
-# 70% drops, k_history = 4 failed 2 and caught 103 (gate_noise.py --from both files); a quiet run: 0 of 60, 60 of 60.
-DEFAULT_K_HISTORY = 3.0
-# Earlier sessions needed before their spread is weighed: with the baseline's own session, three session medians
-# (two are one difference, a spread estimate too rough to lean on).
+# With earlier sessions kept (`history`), a run is judged as a new session of the same config: its median against the
+# window of recorded session medians (the earlier ones and the baseline's own), a one-sided prediction bound from their
+# mean and standard deviation: mean + t(n-1, 1 - alpha) x sd x sqrt(1 + 1/n) (Bencher's t-test threshold over a window
+# of history is the same idea). The t quantile pays for estimating the spread from few sessions (3 sessions: 4.30;
+# 6: 2.57). alpha = 2.5%: replayed as CI on this project's quiet 2-core runner (benchmarks/gate_noise.py, 8 sessions),
+# 0 of 15 healthy runs failed and a 30% slowdown was caught 15 of 15 times at repeat=5, 10 of 15 at repeat=3; 5% caught
+# more (12/15 at repeat=3) but failed 2 of 6 healthy runs on a collection with a CPU hog beside some sessions.
+DEFAULT_ALPHA = 0.025
+# Upper quantiles of Student's t by one-sided level and degrees of freedom (n - 1 sessions); past 10, 10's (a little
+# strict). The baseline file keeps 5 earlier sessions: at most 6 in a window, 5 degrees of freedom.
+_T_QUANTILES = {
+    0.05: (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812),
+    0.025: (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228),
+    0.01: (31.821, 6.965, 4.541, 3.747, 3.365, 3.143, 2.998, 2.896, 2.821, 2.764),
+}
+# Earlier sessions needed before the window decides: with the baseline's own session, three session medians (two are
+# one difference, a spread estimate too rough to lean on).
 MIN_HISTORY = 2
+
+
+def t_quantile(dof: int, alpha: float) -> float:
+    """Student's t upper quantile: P(T > t) = alpha for `dof` degrees of freedom (alpha 0.05, 0.025 or 0.01)."""
+    if alpha not in _T_QUANTILES or dof < 1:
+        raise NoiseError(f"t quantile for alpha={alpha!r} (accepted: {sorted(_T_QUANTILES)}) and dof={dof!r} (>= 1)")
+    table = _T_QUANTILES[alpha]
+    return table[min(dof, len(table)) - 1]
 
 
 class NoiseError(ValueError):
@@ -115,16 +135,17 @@ class Decision:
 
     change: float  # (median now - median baseline) / median baseline
     worse_by: float  # the change in the metric's worse direction: positive is a worsening
-    stderr: float | None  # standard error of the change on the log scale (about relative); None: no spread known
+    stderr: float | None  # standard error of the judged change on the log scale (about relative); None: no spread
     threshold: float  # a worsening beyond this fraction fails: max(floor, k x stderr), back from the log scale
     floor: float  # the tolerance: the smallest change that can fail, however quiet the runs
-    k: float  # the multiple of stderr that set the noise limit (k, or k_history when earlier sessions set it)
+    k: float  # the multiple of stderr that set the noise limit (k, or the t quantile when a window decided)
     detectable: float  # a true worsening this large is caught 95% of the time (threshold + 1.645 x stderr)
     n_baseline: int
     n_now: int
-    n_history: int  # earlier sessions whose medians were weighed (0: none kept, or too few to show a spread)
-    between: float | None  # spread of one session's median from the history (log scale); None: not weighed
+    n_history: int  # earlier sessions in the window that decided (0: none kept, or too few)
+    between: float | None  # standard deviation of the window's session medians (log scale); None: no window
     status: Literal["ok", "regressed", "improved"]
+    window_change: float | None = None  # change against the window's (geometric) mean; None: no window
 
     @property
     def noise_limited(self) -> bool:
@@ -143,14 +164,18 @@ class Decision:
         return f"{spread}, {runs}{history}"
 
     def limit_text(self) -> str:
-        """What set the limit and what the runs can show: `limit 24.4% (4 x 6.1%), catches 33% or more`."""
+        """What set the limit and what the runs can show: `limit 24.4% (4 x 6.1%), catches 33% or more`; with a
+        window, what was judged first: `-9.5% vs the mean of 5 sessions, limit 17.5% (t 2.78 x 6.3%), ...`."""
         if self.stderr is None:
             return f"limit {self.floor * 100:.3g}% (the tolerance; no repeats show the noise)"
+        multiple = f"t {self.k:.3g}" if self.window_change is not None else f"{self.k:g}"
         if self.noise_limited:
-            why = f"limit {self.threshold * 100:.3g}% ({self.k:g} x {self.stderr * 100:.1f}%, above the tolerance)"
+            why = f"limit {self.threshold * 100:.3g}% ({multiple} x {self.stderr * 100:.1f}%, above the tolerance)"
         else:
             noise = self.k * self.stderr * 100
-            why = f"limit {self.threshold * 100:.3g}% (the tolerance; {self.k:g} x noise is {noise:.1f}%)"
+            why = f"limit {self.threshold * 100:.3g}% (the tolerance; {multiple} x noise is {noise:.1f}%)"
+        if self.window_change is not None:
+            why = f"{self.window_change * 100:+.1f}% vs the mean of {self.n_history + 1} sessions, {why}"
         return f"{why}, catches {self.detectable * 100:.3g}% or more"
 
     def detail(self) -> str:
@@ -166,35 +191,48 @@ def decide(
     floor: float,
     k: float = DEFAULT_K,
     history: Sequence[float] = (),
-    k_history: float = DEFAULT_K_HISTORY,
+    alpha: float = DEFAULT_ALPHA,
 ) -> Decision:
     """Judge `now` (this run's repeats) against `baseline` (the baseline's runs). `floor` is the tolerance as a
     fraction of the baseline median; `history` holds medians of earlier sessions of the same test (the baseline
-    file's `history`, oldest first), if kept. With the baseline's own median they are the session medians; from
-    MIN_HISTORY earlier sessions on, their spread is weighed."""
+    file's `history`, oldest first), if kept.
+
+    Without a window (fewer than MIN_HISTORY earlier sessions): the change of the medians against max(floor,
+    k x its standard error), from the spread of both sides' runs. With one: this run's median against the window of
+    session medians (`history` and the baseline's own), against max(floor, t(n-1, 1 - alpha) x sd x sqrt(1 + 1/n));
+    when this run's repeats scatter more than that, their standard error is used instead."""
     if len(baseline) == 0 or len(now) == 0:
         raise NoiseError(f"a decision needs values on both sides, got {len(baseline)} baseline and {len(now)} now")
-    if not (math.isfinite(floor) and floor >= 0) or not all(math.isfinite(x) and x >= 0 for x in (k, k_history)):
-        raise NoiseError(f"floor and k must be finite and not negative, got floor={floor!r}, k={k!r}, {k_history!r}")
+    if not (math.isfinite(floor) and floor >= 0) or not (math.isfinite(k) and k >= 0):
+        raise NoiseError(f"floor and k must be finite and not negative, got floor={floor!r}, k={k!r}")
     _logs([*baseline, *now, *history])
     base_median, now_median = median(baseline), median(now)
     change = (now_median - base_median) / base_median
-    log_change = math.log(now_median / base_median)
-    worse_log = -log_change if higher_is_better else log_change
     within = pooled_spread(baseline, now)
-    variance = 0.0
-    if within is not None:
-        variance += within**2 * (
-            median_variance_factor(len(baseline)) / len(baseline) + median_variance_factor(len(now)) / len(now)
-        )
-    # A session's median varies by the shift of the whole machine between sessions plus its runs' own noise; the
-    # change is a difference of two session medians, so its variance is twice that of one. That already holds the
-    # within-session part, so the larger of the two estimates is taken, not their sum (no noise counted twice).
-    between = pooled_spread([*history, base_median]) if len(history) >= MIN_HISTORY else None
-    if between is not None and 2 * between**2 > variance:
-        # Measured between sessions, the noise needs no margin for drift the repeats cannot see: k_history.
-        variance, k = 2 * between**2, k_history
-    stderr = math.sqrt(variance) if (within is not None or between is not None) else None
+    n_history = 0
+    between: float | None = None
+    window_change: float | None = None
+    if len(history) >= MIN_HISTORY:
+        window = _logs([*history, base_median])
+        n = len(window)
+        centre = sum(window) / n
+        between = statistics.stdev(window)
+        judged_log = math.log(now_median) - centre
+        # The run's median varies by its own repeats' noise too: the larger of the two, never their sum twice.
+        now_variance = within**2 * median_variance_factor(len(now)) / len(now) if within is not None else 0.0
+        variance = max(between**2 * (1 + 1 / n), now_variance)
+        k = t_quantile(n - 1, alpha)
+        n_history = len(history)
+        window_change = math.expm1(judged_log)
+        stderr: float | None = math.sqrt(variance)
+    else:
+        judged_log = math.log(now_median / base_median)
+        stderr = None
+        if within is not None:
+            stderr = within * math.sqrt(
+                median_variance_factor(len(baseline)) / len(baseline) + median_variance_factor(len(now)) / len(now)
+            )
+    worse_log = -judged_log if higher_is_better else judged_log
     noise = k * stderr if stderr is not None else 0.0
     # A hair of slack so a change of exactly the tolerance passes despite float rounding.
     worse_limit = max(_worse_log(floor, higher_is_better), noise) * (1 + 1e-9) + 1e-12
@@ -218,9 +256,10 @@ def decide(
         detectable=_worse_fraction(detectable_log, higher_is_better),
         n_baseline=len(baseline),
         n_now=len(now),
-        n_history=len(history) if between is not None else 0,
+        n_history=n_history,
         between=between,
         status=status,
+        window_change=window_change,
     )
 
 
@@ -235,7 +274,7 @@ class NoiseJudge:
     floor; memory and KV figures by the fixed band (compare.tolerance_judge)."""
 
     k: float = DEFAULT_K
-    k_history: float = DEFAULT_K_HISTORY
+    alpha: float = DEFAULT_ALPHA
 
     def __call__(self, metric: Metric, baseline: Sample, now: Sample, tolerance: Tolerance) -> Verdict:
         positive = baseline.median > 0 and all(v > 0 for v in (*baseline.values, *now.values))
@@ -250,7 +289,7 @@ class NoiseJudge:
             higher_is_better=metric.higher_is_better,
             floor=floor,
             k=self.k,
-            k_history=self.k_history,
+            alpha=self.alpha,
             history=[v for v in baseline.history if math.isfinite(v) and v > 0],
         )
         return Verdict(decision.status, decision.detail())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from pytest_vllm_mem.noise import (
     median,
     median_variance_factor,
     pooled_spread,
+    t_quantile,
 )
 
 
@@ -94,27 +96,46 @@ def test_single_runs_fall_back_to_the_floor_and_say_so() -> None:
     assert "no repeats" in d.detail() and "catches" not in d.detail()
 
 
-def test_history_of_earlier_sessions_widens_the_noise() -> None:
+def test_a_window_of_earlier_sessions_judges_the_run_as_one_more_session() -> None:
     base, now = [1000.0, 1002.0, 998.0], [850.0, 852.0, 848.0]
     alone = decide(base, now, higher_is_better=True, floor=0.10)
     assert alone.status == "regressed" and alone.n_history == 0 and alone.between is None
     # Earlier sessions' medians moved +-10-20% from session to session: a 15% shift is within that.
     history = [1000.0, 1200.0, 800.0, 1100.0, 900.0]
-    widened = decide(base, now, higher_is_better=True, floor=0.10, history=history)
-    assert widened.status == "ok" and widened.n_history == 5
-    assert widened.between is not None and widened.stderr == pytest.approx(math.sqrt(2) * widened.between)
-    assert widened.stderr is not None and alone.stderr is not None and widened.stderr > 5 * alone.stderr
-    assert widened.summary().endswith(", 3 runs vs 3, 5 earlier sessions")
-    # Measured between sessions, the noise takes k_history (3), not k's margin for unseen drift (4).
-    assert widened.k == 3.0 and alone.k == 4.0 and "(3 x " in widened.limit_text()
+    window = decide(base, now, higher_is_better=True, floor=0.10, history=history)
+    assert window.status == "ok" and window.n_history == 5
+    logs = [math.log(x) for x in [*history, 1000.0]]
+    sd = statistics.stdev(logs)
+    assert window.between == pytest.approx(sd) and window.stderr == pytest.approx(sd * math.sqrt(1 + 1 / 6))
+    # Against the window's geometric mean, with Student's t for 6 sessions (5 degrees of freedom, one-sided 2.5%).
+    assert window.window_change == pytest.approx(850.0 / math.exp(sum(logs) / 6) - 1)
+    assert window.k == pytest.approx(t_quantile(5, 0.025)) == pytest.approx(2.571) and alone.k == 4.0
+    assert window.summary().endswith(", 3 runs vs 3, 5 earlier sessions")
+    assert "vs the mean of 6 sessions" in window.limit_text() and "(t 2.57 x " in window.limit_text()
     # A 70% drop stands out of even that session-to-session scatter.
     assert decide(base, [300.0, 301.0, 299.0], higher_is_better=True, floor=0.10, history=history).status == "regressed"
+
+
+def test_a_fast_recording_session_does_not_fail_a_typical_run() -> None:
+    # The baseline session happened to be 20% fast; the run is typical of the sessions before it.
+    history, base, now = [800.0, 820.0, 790.0, 810.0], [1000.0, 1010.0, 990.0], [805.0, 800.0, 810.0]
+    assert decide(base, now, higher_is_better=True, floor=0.10).status == "regressed"  # no window: "-19.5%"
+    d = decide(base, now, higher_is_better=True, floor=0.10, history=history)
+    assert d.change == pytest.approx(-0.195, abs=1e-3) and d.window_change is not None and d.window_change > -0.05
+    assert d.status == "ok"
+
+
+def test_t_quantiles_pay_for_few_sessions() -> None:
+    assert t_quantile(2, 0.025) > t_quantile(3, 0.025) > t_quantile(5, 0.025) > t_quantile(30, 0.025) > 1.96
+    assert t_quantile(5, 0.05) < t_quantile(5, 0.025) < t_quantile(5, 0.01)
+    with pytest.raises(NoiseError, match="accepted"):
+        t_quantile(5, 0.1)
 
 
 def test_one_earlier_session_is_not_weighed() -> None:
     # With the baseline's own session that is one difference: too rough a spread to lean on.
     d = decide([1000.0, 1002.0, 998.0], [850.0, 852.0, 848.0], higher_is_better=True, floor=0.10, history=[700.0])
-    assert d.n_history == 0 and d.between is None and d.status == "regressed"
+    assert d.n_history == 0 and d.between is None and d.status == "regressed" and d.window_change is None
     two = decide(
         [1000.0, 1002.0, 998.0], [850.0, 852.0, 848.0], higher_is_better=True, floor=0.10, history=[990.0, 700.0]
     )
@@ -122,11 +143,12 @@ def test_one_earlier_session_is_not_weighed() -> None:
 
 
 def test_quiet_history_does_not_narrow_the_noise_of_the_runs() -> None:
-    # Session medians closer together than the runs' own noise: the runs' spread stands (the larger one is taken).
+    # Session medians closer together than this run's own repeats scatter: their standard error stands.
     base, now = [1000.0, 1100.0, 900.0], [1000.0, 1080.0, 920.0]
-    alone = decide(base, now, higher_is_better=True, floor=0.10)
     quiet = decide(base, now, higher_is_better=True, floor=0.10, history=[1000.0, 1001.0, 999.0])
-    assert quiet.n_history == 3 and quiet.stderr == alone.stderr
+    within = pooled_spread(base, now)
+    assert within is not None and quiet.n_history == 3
+    assert quiet.stderr == pytest.approx(within * math.sqrt(median_variance_factor(3) / 3))
 
 
 def test_history_lets_single_runs_see_the_noise() -> None:
@@ -134,7 +156,7 @@ def test_history_lets_single_runs_see_the_noise() -> None:
     assert alone.stderr is None and alone.status == "regressed"
     seen = decide([1000.0], [800.0], higher_is_better=True, floor=0.10, history=[1150.0, 900.0, 1050.0, 850.0])
     assert seen.stderr is not None and seen.status == "ok" and "no repeats" not in seen.limit_text()
-    assert seen.detail().startswith("-20.0% +- ") and ", 1 run vs 1, 4 earlier sessions; limit " in seen.detail()
+    assert seen.detail().startswith("-20.0% +- ") and ", 1 run vs 1, 4 earlier sessions; " in seen.detail()
 
 
 def _session_rates(history_len: int, drop: float, trials: int = 1500) -> float:
