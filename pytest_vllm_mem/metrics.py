@@ -264,8 +264,8 @@ METRICS: dict[str, Metric] = {
         _gated(
             "tpot_p50", "ms", False, 0.20, "median time per output token after the first", "load", ("tpot_ms", "p50")
         ),
-        # CPU backend only (not measured on GPUs): the server's work per token, which a busy neighbour on a shared
-        # runner does not move (a CPU hog beside the server cut throughput 18-35%, this by under 5%; issue 15).
+        # CPU backend only (not measured on GPUs): the server's work per token. A neighbour that takes cores slows
+        # the wall clock but also takes the server's CPU time; a slower kernel or more Python per step raises it.
         _gated(
             "cpu_per_token",
             "ms",

@@ -46,7 +46,7 @@ DEFAULT_K = 4.0
 # of history is the same idea). The t quantile pays for estimating the spread from few sessions (3 sessions: 4.30;
 # 6: 2.57). alpha = 2.5%: replayed as CI on this project's quiet 2-core runner (benchmarks/gate_noise.py, 8 sessions),
 # 0 of 15 healthy runs failed and a 30% slowdown was caught 15 of 15 times at repeat=5, 10 of 15 at repeat=3; 5% caught
-# more (12/15 at repeat=3) but failed 2 of 6 healthy runs on a collection with a CPU hog beside some sessions.
+# more (12/15 at repeat=3), also with no false failure, but 15 healthy runs cannot tell a 1% false rate from 5%.
 DEFAULT_ALPHA = 0.025
 # Upper quantiles of Student's t by one-sided level and degrees of freedom (n - 1 sessions); past 10, 10's (a little
 # strict). The baseline file keeps 5 earlier sessions: at most 6 in a window, 5 degrees of freedom.
