@@ -3,7 +3,7 @@ baseline, and the detection of real and injected regressions, for the old rule (
 
 Collect: one tiny-model vLLM CPU server per session, in time order, each session a "CI job" that runs the load of
 the issue's example test (64 prompts, concurrency 8, 64 output tokens) a few times. Same-config sessions alternate
-with regressed ones (`max_num_seqs` 6, 4, 3, 2 under a concurrency of 8: fewer sequences per step), so a baseline
+with regressed ones (`max_num_seqs` 6, 4, 3, 2, 1 under a concurrency of 8: fewer sequences per step), so a baseline
 and a later run of the same config come from different servers minutes apart. Every load's result is kept, with the
 server's CPU time during it (the `cpu_per_token` metric of the CPU backend).
 
@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 LOAD = {"num_prompts": 64, "concurrency": 8, "max_tokens": 64}
 SAME = "same"
 # (session name, extra server flags, loads), in time order: 8 same-config "CI jobs" of 5 loads (runs of repeat 1, 3
-# and 5 can be cut from each), 4 regressed ones of 3 loads between them. About 15 minutes on 2 quiet cores.
+# and 5 can be cut from each), 5 regressed ones of 3 loads between and after them. About 16 minutes on 2 quiet cores.
 SESSIONS: tuple[tuple[str, dict[str, Any], int], ...] = (
     ("same-1", {}, 5),
     ("same-2", {}, 5),
@@ -61,6 +61,8 @@ SESSIONS: tuple[tuple[str, dict[str, Any], int], ...] = (
     ("same-7", {}, 5),
     ("max_num_seqs=2", {"max_num_seqs": 2}, 3),
     ("same-8", {}, 5),
+    # One sequence at a time under a concurrency of 8: requests queue, throughput falls by about 70%.
+    ("max_num_seqs=1", {"max_num_seqs": 1}, 3),
 )
 QUICK_SESSIONS = (("same-1", {}, 3), ("same-2", {}, 3), ("same-3", {}, 3), ("max_num_seqs=2", {"max_num_seqs": 2}, 3))
 REPEATS = (1, 3, 5)
