@@ -31,6 +31,8 @@ from typing import Any
 import filelock
 from packaging.version import InvalidVersion, Version
 
+from pytest_vllm_mem.units import is_finite_number
+
 SCHEMA_VERSION = 1
 # Per test, tier and device: the running release, the one the last upgrade came from, and one more to roll back to.
 KEEP_VERSIONS = 3
@@ -204,12 +206,12 @@ class BaselineEntry:
         metrics = _number_map(data.get("metrics"), "metrics")
         spread_raw = data.get("spread", {})
         if not isinstance(spread_raw, Mapping) or not all(
-            isinstance(v, list) and all(_is_number(x) for x in v) for v in spread_raw.values()
+            isinstance(v, list) and all(is_finite_number(x) for x in v) for v in spread_raw.values()
         ):
             raise ValueError("'spread' must map metric names to lists of numbers")
         history_raw = data.get("history", {})
         if not isinstance(history_raw, Mapping) or not all(
-            isinstance(v, list) and all(_is_number(x) for x in v) for v in history_raw.values()
+            isinstance(v, list) and all(is_finite_number(x) for x in v) for v in history_raw.values()
         ):
             raise ValueError("'history' must map metric names to lists of finite numbers (earlier sessions' medians)")
         runs = data.get("runs")
@@ -235,12 +237,8 @@ class BaselineEntry:
         )
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _number_map(value: Any, name: str) -> dict[str, float]:
-    if not isinstance(value, Mapping) or not all(_is_number(v) for v in value.values()):
+    if not isinstance(value, Mapping) or not all(is_finite_number(v) for v in value.values()):
         raise ValueError(f"{name!r} must map metric names to finite numbers, found {value!r}")
     return {str(key): float(v) for key, v in value.items()}
 

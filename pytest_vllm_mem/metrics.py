@@ -17,6 +17,7 @@ from pytest_vllm_mem.units import (
     GIB,
     UnitError,
     format_quantity,
+    is_finite_number,
     parse_duration_ms,
     parse_size,
     split_amount,
@@ -125,7 +126,7 @@ class Metric:
         values = []
         for source in sources:
             value = _walk(source, path)
-            if _is_number(value) and value:
+            if is_finite_number(value) and value:
                 scaled = float(value) * self.scale
                 # Whole bytes: vLLM's GiB figures have two decimals, and "17813376860.16" bytes reads badly in a diff.
                 values.append(float(round(scaled)) if self.unit == "bytes" else scaled)
@@ -138,10 +139,6 @@ def _walk(data: Any, path: Sequence[str]) -> Any:
             return None
         data = data.get(key)
     return data
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _gated(

@@ -33,6 +33,11 @@ class UnitError(ValueError):
     """Text that should be a size or a duration is not one."""
 
 
+def is_finite_number(value: object) -> bool:
+    """An int or float (not a bool) that is finite: what a figure read from JSON or a record must be."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def split_amount(text: str) -> tuple[float, str] | None:
     """`"1.5 GiB"` -> `(1.5, "gib")`; `"100"` -> `(100.0, "")`; None when the text is not number + letters."""
     match = _AMOUNT_RE.match(text)
