@@ -270,25 +270,29 @@ class Pair:
     now_loads: list[dict[str, Any]]
 
 
-def _baselines(same: list[dict[str, Any]], repeat: int) -> list[tuple[int, tuple[Any, ...]]]:
-    """(index, earlier runs) of each same-config session that can be a replayed baseline at `repeat`."""
+Baseline = tuple[int, list[dict[str, Any]], tuple[tuple[dict[str, Any], list[dict[str, Any]]], ...]]
+
+
+def _baselines(same: list[dict[str, Any]], repeat: int) -> list[Baseline]:
+    """(index, its run, the earlier sessions' runs) of each same-config session that can be a replayed baseline."""
     found = []
     for i, session in enumerate(same):
-        if _run(session, repeat) is None:
+        base_loads = _run(session, repeat)
+        if base_loads is None:
             continue
         earlier = tuple((s, r) for s in same[max(0, i - KEEP_HISTORY) : i] if (r := _run(s, repeat)) is not None)
         if len(earlier) >= MIN_EARLIER:
-            found.append((i, earlier))
+            found.append((i, base_loads, earlier))
     return found
 
 
 def same_pairs(same: list[dict[str, Any]], repeat: int) -> list[Pair]:
     pairs = []
-    for i, earlier in _baselines(same, repeat):
+    for i, base_loads, earlier in _baselines(same, repeat):
         for later in same[i + 1 :]:
             now_loads = _run(later, repeat)
             if now_loads is not None:
-                pairs.append(Pair(same[i], _run(same[i], repeat) or [], earlier, later, now_loads))
+                pairs.append(Pair(same[i], base_loads, earlier, later, now_loads))
     return pairs
 
 
@@ -297,8 +301,7 @@ def regressed_pairs(same: list[dict[str, Any]], regressed: dict[str, Any], repea
     if now_loads is None:
         return []
     return [
-        Pair(same[i], _run(same[i], repeat) or [], earlier, regressed, now_loads)
-        for i, earlier in _baselines(same, repeat)
+        Pair(same[i], base_loads, earlier, regressed, now_loads) for i, base_loads, earlier in _baselines(same, repeat)
     ]
 
 
