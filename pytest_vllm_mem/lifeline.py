@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -38,9 +39,14 @@ PERIOD_S = 0.5  # how often the watchdog notes the servers' processes and the se
 # ... and how often it also reads their memory maps and trees: a vLLM process's /proc/PID/maps takes ~10 ms to
 # read, every 0.5 s it would cost a tenth of a core next to the server it measures.
 DEEP_PERIOD_S = 5.0
-TERM_GRACE_S = 2.0  # SIGTERM lets a healthy vLLM remove its own files; then SIGKILL
+# SIGTERM lets a healthy vLLM remove its own files (a serving one exits in 0.3-0.4 s here); then SIGKILL. A starting
+# vLLM 0.32's API server ignores SIGTERM: the grace is lost there, so it is short.
+TERM_GRACE_S = 1.0
+LATE_ROUNDS = 3  # kills, each after a look for what a starting server spawned in the meantime
 TRACKER_GRACE_S = 3.0  # a resource tracker's clean-up after its processes died (it took 0.1-0.3 s here)
 SHM_DIR = "/dev/shm"
+# Where the watchdog writes what it did and when (appended), for a slow or failed clean-up; unset: nowhere.
+TRACE_VAR = "PYTEST_VLLM_MEM_LIFELINE_LOG"
 
 
 def supported() -> bool:
@@ -155,43 +161,71 @@ class Watched:
 
 
 def session_members(watched: Watched, deep: bool = True) -> list[psutil.Process]:
-    """The processes of the leader's session, and its descendants that left the session (setsid).
+    """The processes of the leader's session, and (`deep`) the descendants that left it (setsid).
 
-    A session id is the leader's pid, which the kernel does not hand out again while the session has members; a
-    session found through a leader that is not the one registered (pid reused) is not ours."""
+    A session id is the leader's pid, which the kernel does not hand out again while a process is in that session:
+    while the leader, or a process seen in the session before, is alive in it, every process in it is ours, a late
+    one too (started after the last look: a startup goes on while its processes are being stopped). A session found
+    through neither (the pid was reused) is not ours."""
     sid = watched.leader.pid
     found: dict[int, psutil.Process] = {}
-    if _same(watched.leader):
+    if is_alive(watched.leader):
         found[sid] = watched.leader
-        if deep:
-            try:
-                found.update((child.pid, child) for child in watched.leader.children(recursive=True))
-            except psutil.Error:
-                pass
-        found.update((pid, proc) for pid, proc in in_session(sid).items() if pid not in found)
     for pid, proc in watched.members.items():  # seen before: still ours while psutil says it is the same process
-        if pid not in found and _same(proc):
+        if pid not in found and is_alive(proc):
             found[pid] = proc
+    anchors = list(found.values())
+    if any(_session_of(proc) == sid for proc in anchors):
+        found.update((pid, proc) for pid, proc in in_session(sid).items() if pid not in found)
+    if deep:
+        for proc in anchors:
+            try:
+                found.update((child.pid, child) for child in proc.children(recursive=True) if child.pid not in found)
+            except psutil.Error:
+                continue
     return list(found.values())
 
 
+def _session_of(proc: psutil.Process) -> int | None:
+    try:
+        return os.getsid(proc.pid) if is_alive(proc) else None
+    except OSError:
+        return None
+
+
 def in_session(sid: int) -> dict[int, psutil.Process]:
-    """The live processes whose session id is `sid`, by pid."""
+    """The live processes (zombies are not) whose session id is `sid`, by pid."""
     found: dict[int, psutil.Process] = {}
     for pid in psutil.pids():
         try:
-            if os.getsid(pid) == sid:
-                found[pid] = psutil.Process(pid)
+            if os.getsid(pid) == sid and is_alive(proc := psutil.Process(pid)):
+                found[pid] = proc
         except (OSError, psutil.Error):
             continue
     return found
 
 
-def _same(proc: psutil.Process) -> bool:
+def is_alive(proc: psutil.Process) -> bool:
+    """Still this very process (is_running() checks the create time against pid reuse), and not a zombie: a zombie
+    holds nothing but a process-table entry."""
     try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE  # is_running() checks the create time
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Until none of `procs` is alive, or `timeout_s`; returns those still alive.
+
+    Not psutil.wait_procs: for a process that is not our child it waits until the pid is gone, that is until
+    whoever adopted the orphan reaps it, and a container's init may take seconds (here it reaps every ~2 s) or
+    never do it. A dead server's processes are orphans (their parent, pytest or the API server, died first)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = [proc for proc in procs if is_alive(proc)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.02)
 
 
 def shm_paths(pid: int, maps: bool = True) -> set[str]:
@@ -252,31 +286,83 @@ def is_resource_tracker(proc: psutil.Process) -> bool:
         return False
 
 
-def _term_then_kill(members: list[psutil.Process], grace_s: float) -> list[psutil.Process]:
+def _term_then_kill(
+    members: list[psutil.Process],
+    grace_s: float,
+    trace: Callable[[str], None],
+    rescan: Callable[[], list[psutil.Process]] | None = None,
+) -> list[psutil.Process]:
+    """SIGTERM, `grace_s`, SIGKILL to what is alive then, with what `rescan` finds then that was not in `members`."""
+    if not members:
+        return []
     for proc in members:
         try:
             proc.terminate()
         except psutil.Error:
             pass
-    _, alive = psutil.wait_procs(members, timeout=grace_s)
+    alive = wait_gone(members, grace_s)
+    if rescan is not None:  # while some of them still run, what they started during the grace is still found
+        known = {proc.pid for proc in members}
+        late = [proc for proc in rescan() if proc.pid not in known]
+        if late:
+            trace(f"started during the grace: {describe(late)}")
+        alive += late
+    trace(f"SIGTERM to {len(members)}; after {grace_s:.1f} s, SIGKILL to {describe(alive)}")
     for proc in alive:
         try:
             proc.kill()
         except psutil.Error:
             pass
-    _, alive = psutil.wait_procs(alive, timeout=5)
-    return list(alive)
+    alive = wait_gone(alive, 5.0)
+    trace(f"after SIGKILL, still alive: {describe(alive)}")
+    return alive
 
 
-def kill(members: list[psutil.Process], grace_s: float = TERM_GRACE_S) -> list[psutil.Process]:
+def kill(
+    members: list[psutil.Process],
+    grace_s: float = TERM_GRACE_S,
+    trace: Callable[[str], None] | None = None,
+    rescan: Callable[[], list[psutil.Process]] | None = None,
+) -> list[psutil.Process]:
     """SIGTERM, `grace_s`, SIGKILL (psutil checks each process's identity first), multiprocessing resource trackers
-    last. A tracker ignores SIGTERM and, once every process it serves is gone, unlinks the named semaphores and
-    segments they registered and exits; killed together with them it leaves those in /dev/shm (a `sem.mp-*` per
-    server, seen after killed vLLM servers). Returns the processes still alive."""
-    trackers = [proc for proc in members if is_resource_tracker(proc)]
-    alive = _term_then_kill([proc for proc in members if proc not in trackers], grace_s)
-    _, lingering = psutil.wait_procs(trackers, timeout=TRACKER_GRACE_S)
-    return alive + _term_then_kill(list(lingering), 0.0)
+    last. With `rescan` (the server's processes now), what a starting server spawned while it was being stopped is
+    killed too, before the trackers wait for it. A tracker ignores SIGTERM and, once every process it serves is
+    gone, unlinks the named semaphores and segments they registered and exits; killed together with them it leaves
+    those in /dev/shm (a `sem.mp-*` per server, seen after killed vLLM servers). Returns the processes still
+    alive."""
+    trace = trace or (lambda message: None)
+    trackers = {proc.pid: proc for proc in members if is_resource_tracker(proc)}
+
+    def not_trackers() -> list[psutil.Process]:
+        found = rescan() if rescan is not None else []
+        trackers.update((proc.pid, proc) for proc in found if proc.pid not in trackers and is_resource_tracker(proc))
+        return [proc for proc in found if proc.pid not in trackers]
+
+    batch = [proc for proc in members if proc.pid not in trackers]
+    alive: dict[int, psutil.Process] = {}
+    for _ in range(LATE_ROUNDS):
+        left = _term_then_kill(batch, grace_s, trace, not_trackers if rescan is not None else None)
+        alive.update((proc.pid, proc) for proc in left)
+        batch = [proc for proc in not_trackers() if proc.pid not in alive]
+        if not batch:
+            break
+        trace(f"found after the kill: {describe(batch)}")
+        grace_s = 0.0  # the grace was spent: a late one is killed at once
+    trace(f"servers stopped; waiting for resource trackers {describe(list(trackers.values()))}")
+    lingering = wait_gone(list(trackers.values()), TRACKER_GRACE_S)
+    trace(f"{len(lingering)} resource trackers still running")
+    return list(alive.values()) + _term_then_kill(lingering, 0.0, trace)
+
+
+def describe(procs: list[psutil.Process]) -> str:
+    """'PID name, ...' for a trace line."""
+    names = []
+    for proc in sorted(procs, key=lambda proc: proc.pid):
+        try:
+            names.append(f"{proc.pid} {proc.name()}")
+        except psutil.Error:
+            names.append(f"{proc.pid} (gone)")
+    return ", ".join(names) or "none"
 
 
 def segments_in_use(paths: set[str]) -> set[str]:
@@ -327,8 +413,30 @@ def parse(line: str, watched: dict[int, Watched]) -> Watched | None:
     return None
 
 
+class Trace:
+    """The watchdog's record of its clean-up, to the file $PYTEST_VLLM_MEM_LIFELINE_LOG names (else nowhere):
+    seconds since pytest was found gone, and what was done."""
+
+    def __init__(self, path: str | None) -> None:
+        self._path = path
+        self._since = time.monotonic()
+
+    def start(self) -> None:
+        self._since = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        if not self._path:
+            return
+        try:
+            with open(self._path, "a") as file:
+                file.write(f"lifeline {os.getpid()} +{time.monotonic() - self._since:.2f} s: {message}\n")
+        except OSError:
+            pass
+
+
 def run(parent: int, stdin: IO[bytes], period_s: float = PERIOD_S) -> None:
     """The watchdog's loop: until pytest is gone, then stop what is left of its servers."""
+    trace = Trace(os.environ.get(TRACE_VAR))
     watched: dict[int, Watched] = {}
     buffer = b""
     fd = stdin.fileno()
@@ -352,10 +460,18 @@ def run(parent: int, stdin: IO[bytes], period_s: float = PERIOD_S) -> None:
             deep_at = time.monotonic() + DEEP_PERIOD_S
         for server in watched.values():
             note(server, deep)
-    members = [proc for server in watched.values() for proc in note(server)]
-    kill(members)
-    for server in watched.values():
-        remove_segments(server)
+    trace.start()
+    trace(f"pytest {parent} gone; {len(watched)} servers to stop")
+
+    def look() -> list[psutil.Process]:
+        return [proc for server in watched.values() for proc in note(server)]
+
+    members = look()
+    trace(f"{len(members)} processes found: {describe(members)}")
+    alive = kill(members, trace=trace, rescan=look)
+    trace(f"killed; alive: {describe(alive)}")
+    removed = [path for server in watched.values() for path in remove_segments(server)]
+    trace(f"{len(removed)} segments removed: {removed}")
 
 
 def main(argv: list[str]) -> int:

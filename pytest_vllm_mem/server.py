@@ -30,7 +30,7 @@ from .devicelock import DeviceLockError, startup_lock
 from .devicelock import notes as lock_notes
 from .diagnose import Diagnosis, StartupMemory, classify_failure, parse_startup_memory, phase_words, timeout_diagnosis
 from .kinds import FailureKind
-from .lifeline import in_session, is_resource_tracker, kill, lifeline
+from .lifeline import in_session, is_alive, is_resource_tracker, kill, lifeline
 from .memory import DeviceInfo, MemoryProbe, MemorySampler, NvmlError
 from .progress import watch_startup
 from .versions import LAUNCHER_MODULE, launch_argv
@@ -182,7 +182,7 @@ class VLLMServer:
         every request; a load that failed fast in that second saw an "alive" server, so the crash was not diagnosed,
         and a pool that checks alive() could hand the broken server to the next test.
         """
-        return self.process.poll() is None and all(_running(proc) for proc in self.engine_processes)
+        return self.process.poll() is None and all(is_alive(proc) for proc in self.engine_processes)
 
     def log_text(self) -> str:
         """The server's log so far, with the config's secret values masked: every diagnosis, failure message and
@@ -213,13 +213,17 @@ class VLLMServer:
         # What is left of its session, by process (children that left it with setsid are in the snapshot),
         # resource trackers last: a group SIGKILL took the tracker with the server before it unlinked the
         # semaphores the server had registered (a sem.mp-* left in /dev/shm after some stops).
-        left = {proc.pid: proc for proc in tree if proc.pid != self.pid and _running(proc)}
-        left.update((pid, proc) for pid, proc in in_session(self.pid).items() if pid != self.pid)
-        kill(list(left.values()), grace_s=0.0)
+        left = {proc.pid: proc for proc in tree if proc.pid != self.pid and is_alive(proc)}
+        left.update(self._session_rest())
+        kill(list(left.values()), grace_s=0.0, rescan=lambda: list(self._session_rest().values()))
         self.sampler.stop()
         with _LIVE_LOCK:
             _LIVE.pop(self.pid, None)
         lifeline().release(self.pid)  # stopped: the watchdog forgets it and removes the segments it left
+
+    def _session_rest(self) -> dict[int, psutil.Process]:
+        """The processes still in the server's session, but the API server."""
+        return {pid: proc for pid, proc in in_session(self.pid).items() if pid != self.pid}
 
     def _wait_for_exit(self, tree: list[psutil.Process], grace_s: float) -> None:
         """Until the API server exits, or `grace_s`, or until the rest of its tree has exited.
@@ -238,7 +242,7 @@ class VLLMServer:
                 return
             except subprocess.TimeoutExpired:
                 pass
-            if helpers and not any(_running(proc) for proc in helpers):
+            if helpers and not any(is_alive(proc) for proc in helpers):
                 try:
                     self.process.wait(timeout=max(min(1.0, deadline - time.monotonic()), 0.01))
                 except subprocess.TimeoutExpired:
@@ -261,13 +265,6 @@ def mask_secrets(text: str, config: VLLMConfig) -> str:
     for value in secret_values(config):
         text = text.replace(value, "***")
     return text
-
-
-def _running(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE  # is_running() also checks pid reuse
-    except psutil.Error:
-        return False
 
 
 def _engine_processes(root: int) -> list[psutil.Process]:

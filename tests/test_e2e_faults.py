@@ -20,6 +20,8 @@ import pytest
 from e2e import CACHE_DIR, TOKEN_VAR, SessionWatcher, processes_with_token, run_inner
 from stubs.helpers import kill_quietly, popen_pytest, running
 
+from pytest_vllm_mem import lifeline
+
 pytestmark = pytest.mark.e2e
 
 CONFIG = """
@@ -60,6 +62,10 @@ def _shm(pids: list[int]) -> set[str]:
     return {path.removesuffix(" (deleted)") for path in found}
 
 
+def _read(trace: Path) -> str:
+    return trace.read_text() if trace.exists() else f"(the watchdog wrote no trace to {trace})"
+
+
 def _ours(token: str, watcher: SessionWatcher, pytest_pid: int) -> list[psutil.Process]:
     """Every process of the inner session but pytest: servers (by token, and by session: vLLM's renamed engine shows
     no token), the lifeline's watchdog (it inherits the token)."""
@@ -75,7 +81,8 @@ def test_sigkill_of_pytest_leaves_no_server_process_and_no_segment(pytester: pyt
     """A runner's hard cancel or the OOM killer: SIGKILL to pytest, nothing of its servers may be left."""
     pytester.makepyfile(test_inner=KILLED)
     token = f"faults-{phase}-{os.getpid()}-{time.time_ns()}"
-    env = {**os.environ, TOKEN_VAR: token}
+    trace = pytester.path / "lifeline.trace"  # what the watchdog did and when, for a failure message
+    env = {**os.environ, TOKEN_VAR: token, lifeline.TRACE_VAR: str(trace)}
     log = pytester.path / "inner.log"
     before = set(os.listdir("/dev/shm"))
     seen: dict[int, psutil.Process] = {}
@@ -105,11 +112,13 @@ def test_sigkill_of_pytest_leaves_no_server_process_and_no_segment(pytester: pyt
             process.wait(10)
             deadline = killed + 30
             while running(servers) or _ours(token, watcher, process.pid):
-                assert time.monotonic() < deadline, f"left 30 s after SIGKILL: {running(list(seen))}"
+                assert time.monotonic() < deadline, f"left 30 s after SIGKILL: {running(list(seen))}\n{_read(trace)}"
                 time.sleep(0.05)
             processes_gone = time.monotonic() - killed
             while {path for path in segments if os.path.exists(path)}:
-                assert time.monotonic() < deadline, f"segments left: {[p for p in segments if os.path.exists(p)]}"
+                assert time.monotonic() < deadline, (
+                    f"segments left: {[p for p in segments if os.path.exists(p)]}\n{_read(trace)}"
+                )
                 time.sleep(0.05)
             segments_gone = time.monotonic() - killed
         finally:
@@ -123,7 +132,7 @@ def test_sigkill_of_pytest_leaves_no_server_process_and_no_segment(pytester: pyt
     if phase == "load":  # a serving vLLM has its message queues in shared memory: the clean-up is needed
         assert any(path.startswith("/dev/shm/psm_") for path in segments), segments
     assert processes_with_token(token) == []
-    assert processes_gone < 10 and segments_gone < 10
+    assert processes_gone < 10 and segments_gone < 10, _read(trace)
     assert new == [], f"new in /dev/shm after the SIGKILL of pytest and its clean-up: {new}"
     print(
         f"[faults] SIGKILL of pytest during a {phase}: {len(servers)} server processes gone after "

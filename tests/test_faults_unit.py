@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -110,7 +111,11 @@ def _unlink(name: str) -> None:
 
 
 @linux_only
-def test_sigkilled_pytest_takes_its_servers_and_their_segments_but_no_other_segment(tmp_path: Path) -> None:
+def test_sigkilled_pytest_takes_its_servers_and_their_segments_but_no_other_segment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trace = tmp_path / "lifeline.trace"
+    monkeypatch.setenv(lifeline.TRACE_VAR, str(trace))  # the stand-in pytest's watchdog inherits it
     # Segments that are not the server's: one this process keeps mapped, one nobody maps. Neither may go.
     mapped = shared_memory.SharedMemory(create=True, size=4096)
     unmapped = shared_memory.SharedMemory(create=True, size=4096)
@@ -128,6 +133,9 @@ def test_sigkilled_pytest_takes_its_servers_and_their_segments_but_no_other_segm
         print(f"[faults] stand-in servers and segments gone {took:.2f} s after SIGKILL of their pytest")
         assert took < lifeline.TERM_GRACE_S + 3
         assert _segment_exists(mapped.name) and _segment_exists(unmapped.name)
+        lines = trace.read_text().splitlines()  # the watchdog's record, in order, with its times
+        assert re.search(r"^lifeline \d+ \+0\.\d\d s: pytest \d+ gone; 1 servers to stop$", lines[0]), lines
+        assert re.search(r": [12] segments removed: \['/dev/shm/", lines[-1]), lines
     finally:
         stand_in.kill()
         kill_quietly(pids)
@@ -400,3 +408,70 @@ def test_a_group_sigkill_leaks_the_semaphore_and_kill_lets_the_resource_tracker_
     finally:
         kill_quietly([p.pid for p in members])
         path.unlink(missing_ok=True)
+
+
+# A parent that never reaps: its child, once killed, stays a zombie until the parent exits (as a dead server's
+# orphans do while a container's init is slow to reap them; this machine's reaps every ~2 s).
+NEGLECTFUL_PARENT = textwrap.dedent("""
+    import subprocess, sys, time
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print(child.pid, flush=True)
+    time.sleep(600)
+""")
+
+
+def test_kill_counts_a_zombie_as_gone_and_does_not_wait_for_its_reaping() -> None:
+    parent = subprocess.Popen([sys.executable, "-c", NEGLECTFUL_PARENT], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert parent.stdout is not None
+        child = psutil.Process(int(parent.stdout.readline()))
+        started = time.monotonic()
+        alive = lifeline.kill([child], grace_s=5.0)
+        took = time.monotonic() - started
+        assert alive == [] and child.status() == psutil.STATUS_ZOMBIE  # dead, still in the process table
+        # psutil.wait_procs would have waited the whole grace and the 5 s after SIGKILL, and called it alive.
+        assert took < 4.0, f"lifeline.kill took {took:.1f} s over a process that died at SIGTERM"
+        assert lifeline.wait_gone([child], 0.0) == [] and not lifeline.is_alive(child)
+        assert list(lifeline.in_session(parent.pid)) == [parent.pid]  # nor is it in its session any more
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+# A starting server stand-in: it ignores SIGTERM (as a starting vLLM 0.32 API server does) and starts a process in
+# its session when it gets one, as a startup spawns its engine and workers while it is being stopped.
+LATE_SPAWNER = textwrap.dedent("""
+    import signal, subprocess, sys, time
+    signal.signal(signal.SIGTERM, lambda *_: subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]))
+    print("ready", flush=True)
+    while True:
+        time.sleep(600)
+""")
+
+
+def _late_spawner() -> tuple[subprocess.Popen, lifeline.Watched, list[psutil.Process]]:
+    server = subprocess.Popen([sys.executable, "-c", LATE_SPAWNER], stdout=subprocess.PIPE, start_new_session=True)
+    assert server.stdout is not None and server.stdout.readline() == b"ready\n"
+    watched = lifeline.Watched(psutil.Process(server.pid))
+    return server, watched, lifeline.note(watched)
+
+
+@linux_only
+def test_what_a_server_starts_while_it_is_being_stopped_is_killed_too() -> None:
+    server, watched, members = _late_spawner()
+    try:  # without a second look the late process survives: the premise
+        assert [p.pid for p in members] == [server.pid]
+        assert lifeline.kill(members, grace_s=1.0) == []
+        server.wait(timeout=10)
+        late = list(lifeline.in_session(server.pid).values())
+        assert len(late) == 1, late
+    finally:
+        kill_quietly([server.pid] + [p.pid for p in lifeline.in_session(server.pid).values()])
+    server, watched, members = _late_spawner()
+    try:  # the watchdog's way: the server's processes looked for again before the SIGKILL
+        alive = lifeline.kill(members, grace_s=1.0, rescan=lambda: lifeline.note(watched))
+        server.wait(timeout=10)
+        assert alive == [] and lifeline.in_session(server.pid) == {}
+        assert len(watched.members) == 2  # the server and the one it started during the grace
+    finally:
+        kill_quietly([server.pid] + [p.pid for p in lifeline.in_session(server.pid).values()])
