@@ -23,7 +23,7 @@ from .metrics import (
     parse_tolerance_spec,
     resolve_tolerances,
 )
-from .noise import is_noisy, noise_aware_judge
+from .noise import NoiseJudge, is_noisy
 from .results import TestRecord, failure_dict
 from .server import VLLMServer
 from .settings import UsageError
@@ -47,6 +47,9 @@ class GateSettings(Protocol):
 
     @property
     def vllm_strict(self) -> bool: ...
+
+    @property
+    def vllm_gate_alpha(self) -> float: ...
 
 
 def tolerance_layers(config: pytest.Config) -> tuple[dict[str, Tolerance], dict[str, Tolerance]]:
@@ -112,7 +115,7 @@ class Gate:
     def from_config(cls, config: pytest.Config, settings: GateSettings) -> Gate:
         cli, ini = tolerance_layers(config)
         # Throughput and latency wobble on shared runners: judged against the noise their runs show (noise.py).
-        return cls(settings, cli, ini, judge=noise_aware_judge)
+        return cls(settings, cli, ini, judge=NoiseJudge(alpha=settings.vllm_gate_alpha))
 
     def evaluate(
         self, record: TestRecord, marker: dict[str, Tolerance], *, tier_is_auto: bool, server: VLLMServer | None = None

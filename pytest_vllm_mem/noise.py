@@ -55,6 +55,7 @@ _T_QUANTILES = {
     0.025: (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228),
     0.01: (31.821, 6.965, 4.541, 3.747, 3.365, 3.143, 2.998, 2.896, 2.821, 2.764),
 }
+ALPHAS = tuple(_T_QUANTILES)  # the levels a user may choose (--vllm-gate-alpha)
 # Earlier sessions needed before the window decides: with the baseline's own session, three session medians (two are
 # one difference, a spread estimate too rough to lean on).
 MIN_HISTORY = 2

@@ -36,12 +36,19 @@ class UsageError(Exception):
     so that pytest shows the one paragraph and exits 4."""
 
 
-def option(help: str, kind: Kind = "str", default: object = None, fallback: Callable[[], object] | None = None) -> Any:
+def option(
+    help: str,
+    kind: Kind = "str",
+    default: object = None,
+    fallback: Callable[[], object] | None = None,
+    choices: tuple[object, ...] = (),
+) -> Any:
     """A Settings field that is also a plugin option (`--vllm-x` and ini key `vllm_x`).
 
     `default` is the built-in value, given as a user would write it (it goes through the same conversion);
-    `fallback` computes one when there is no default to write down (the running interpreter)."""
-    return dataclasses.field(metadata={"option": (help, kind, default, fallback)})
+    `fallback` computes one when there is no default to write down (the running interpreter); `choices`, when
+    given, are the only values accepted (after conversion)."""
+    return dataclasses.field(metadata={"option": (help, kind, default, fallback, choices)})
 
 
 def default_cache_dir() -> Path:
@@ -84,6 +91,14 @@ class Settings:
     vllm_update_baseline: bool = option("write/refresh baseline entries for the tests that ran", "bool", False)
     vllm_tolerance: str = option(
         "per-metric tolerances, e.g. 'output_throughput=15%,load_peak_memory=256MiB'", default=""
+    )
+    vllm_gate_alpha: float = option(
+        "one-sided level of the throughput and latency gate once the baseline file keeps 2 or more earlier sessions: "
+        "the chance that a healthy run fails one gated metric; 0.05, 0.025 or 0.01 (lower: fewer false failures, "
+        "more regressions let through)",
+        "float",
+        0.025,
+        choices=(0.05, 0.025, 0.01),
     )
     vllm_strict: bool = option("also fail tests that improved beyond tolerance (baseline out of date)", "bool", False)
     vllm_require_baseline: bool = option("fail tests that have no baseline entry", "bool", False)
@@ -188,6 +203,7 @@ class Option:
     kind: Kind
     default: object
     fallback: Callable[[], object] | None
+    choices: tuple[object, ...] = ()
 
     @property
     def flag(self) -> str:
@@ -202,6 +218,9 @@ class Option:
             raise UsageError(f"{given.source}={raw!r}: expected {expected} ({self.help}).") from None
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
             raise UsageError(f"{given.source}={raw!r}: must be greater than 0 ({self.help}).")
+        if self.choices and value not in self.choices:
+            accepted = ", ".join(str(choice) for choice in self.choices)
+            raise UsageError(f"{given.source}={raw!r}: accepted values are {accepted} ({self.help}).")
         return value
 
 

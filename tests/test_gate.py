@@ -11,6 +11,7 @@ import pytest
 from pytest_vllm_mem.baseline_store import BaselineEntry, BaselineStore, EnvKey
 from pytest_vllm_mem.gate import Gate, env_key, evaluate_record, tier_problem
 from pytest_vllm_mem.metrics import Tolerance
+from pytest_vllm_mem.noise import ALPHAS, NoiseJudge
 from pytest_vllm_mem.results import TestRecord
 from pytest_vllm_mem.settings import UsageError
 
@@ -56,6 +57,7 @@ class FakeSettings:
     vllm_update_baseline: bool = False
     vllm_require_baseline: bool = False
     vllm_strict: bool = False
+    vllm_gate_alpha: float = 0.025
 
 
 @dataclass
@@ -341,3 +343,10 @@ def test_an_untiered_cpu_run_on_a_resized_node_is_gated_against_the_replanned_ba
     failure = evaluate_record(state, heavier, {})
     assert failure is not None and "kv_cache_tokens" in failure and "re-planned from 100,000 tokens" in failure
     assert "8.80 GiB when the baseline was recorded" in failure
+
+
+def test_the_gate_judges_with_the_chosen_level(baseline: Path) -> None:
+    config: Any = SimpleNamespace(getoption=lambda name: None, getini=lambda name: "")
+    for alpha in ALPHAS:
+        gate = Gate.from_config(config, FakeSettings(baseline, vllm_gate_alpha=alpha))
+        assert isinstance(gate.judge, NoiseJudge) and gate.judge.alpha == alpha

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from pytest_vllm_mem.noise import (
+    ALPHAS,
     Decision,
     NoiseError,
     decide,
@@ -130,6 +131,21 @@ def test_t_quantiles_pay_for_few_sessions() -> None:
     assert t_quantile(5, 0.05) < t_quantile(5, 0.025) < t_quantile(5, 0.01)
     with pytest.raises(NoiseError, match="accepted"):
         t_quantile(5, 0.1)
+
+
+def test_the_level_moves_the_limit_of_the_window_rule() -> None:
+    # Sessions scattered by ~6%: the lower the level, the larger the drop it takes to fail.
+    history, base = [1000.0, 1080.0, 930.0, 1040.0], [1000.0, 1003.0, 997.0]
+
+    def verdicts(x: float) -> list[str]:
+        now = [x, x + 2, x - 2]
+        return [decide(base, now, higher_is_better=True, floor=0.10, history=history, alpha=a).status for a in ALPHAS]
+
+    assert ALPHAS == (0.05, 0.025, 0.01)
+    assert verdicts(880.0) == ["regressed", "ok", "ok"]
+    assert verdicts(850.0) == ["regressed", "regressed", "ok"]
+    assert verdicts(800.0) == ["regressed", "regressed", "regressed"]
+    assert verdicts(900.0) == ["ok", "ok", "ok"]
 
 
 def test_one_earlier_session_is_not_weighed() -> None:

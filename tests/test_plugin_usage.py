@@ -46,6 +46,25 @@ def test_bad_gpu_tier_is_a_usage_error(pytester: pytest.Pytester) -> None:
     assert_usage_error(result, "--vllm-gpu='huge'", "is not a GPU memory tier", "24gb", "gib", "auto")
 
 
+def test_a_gate_level_without_a_t_table_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_inner_a="def test_a(): pass")
+    assert_usage_error(
+        run(pytester, "--vllm-gate-alpha=0.03"), "--vllm-gate-alpha='0.03'", "accepted values are 0.05, 0.025, 0.01"
+    )
+    pytester.makeini("[pytest]\nvllm_gate_alpha = 5%\n")
+    assert_usage_error(run(pytester), "ini vllm_gate_alpha='5%'", "expected a number", "0.05, 0.025 or 0.01")
+    pytester.makeini("[pytest]\nvllm_gate_alpha = 0.01\n")
+    run(pytester).assert_outcomes(passed=1)
+
+
+def test_the_gate_levels_offered_are_those_the_t_table_has() -> None:
+    from pytest_vllm_mem.noise import ALPHAS
+    from pytest_vllm_mem.settings import OPTIONS
+
+    [option] = [item for item in OPTIONS if item.name == "vllm_gate_alpha"]
+    assert option.choices == ALPHAS and option.default in ALPHAS
+
+
 def test_bare_number_tier_is_a_usage_error(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_inner_a="def test_a(): pass")
     assert_usage_error(run(pytester, "--vllm-gpu=24"), "--vllm-gpu='24'", "bare number")
