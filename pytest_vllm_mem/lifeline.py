@@ -188,7 +188,7 @@ def session_members(watched: Watched, deep: bool = True) -> list[psutil.Process]
 
 def _session_of(proc: psutil.Process) -> int | None:
     try:
-        return os.getsid(proc.pid) if is_alive(proc) else None
+        return os.getsid(proc.pid)
     except OSError:
         return None
 
@@ -341,7 +341,7 @@ def kill(
     batch = [proc for proc in members if proc.pid not in trackers]
     alive: dict[int, psutil.Process] = {}
     for _ in range(LATE_ROUNDS):
-        left = _term_then_kill(batch, grace_s, trace, not_trackers if rescan is not None else None)
+        left = _term_then_kill(batch, grace_s, trace, not_trackers)
         alive.update((proc.pid, proc) for proc in left)
         batch = [proc for proc in not_trackers() if proc.pid not in alive]
         if not batch:

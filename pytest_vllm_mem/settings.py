@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from .noise import ALPHAS, DEFAULT_ALPHA
+
 if TYPE_CHECKING:  # pytest only in annotations: the tune command and the core use Settings without pytest
     import pytest
 
@@ -94,11 +96,11 @@ class Settings:
     )
     vllm_gate_alpha: float = option(
         "one-sided level of the throughput and latency gate once the baseline file keeps 2 or more earlier sessions: "
-        "the chance that a healthy run fails one gated metric; 0.05, 0.025 or 0.01 (lower: fewer false failures, "
-        "more regressions let through)",
+        f"the chance that a healthy run fails one gated metric; {', '.join(map(str, ALPHAS[:-1]))} or {ALPHAS[-1]} "
+        "(lower: fewer false failures, more regressions let through)",
         "float",
-        0.025,
-        choices=(0.05, 0.025, 0.01),
+        DEFAULT_ALPHA,
+        choices=ALPHAS,  # the levels noise.py's t table has
     )
     vllm_strict: bool = option("also fail tests that improved beyond tolerance (baseline out of date)", "bool", False)
     vllm_require_baseline: bool = option("fail tests that have no baseline entry", "bool", False)
