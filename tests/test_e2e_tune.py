@@ -89,9 +89,13 @@ def test_tuner_finds_the_startup_boundary_on_cpu(tmp_path: Path) -> None:
 
     data = json.loads(out.read_text())
     trials = data["trials"]
-    # A trial the plan can decide (a share smaller than the worker's non-KV memory) costs no startup.
+    # A trial the plan can decide (a share smaller than the worker's non-KV memory) costs no startup. How many the
+    # plan decides depends on the machine's memory node (8.8 to 23.5 GiB seen): on a large node it decides every
+    # failing trial and only the working ones start. The contract: the search needs a failing and a working trial,
+    # at least one of them a real startup, and counts startups apart from planned trials.
     started_trials = [t for t in trials if t["phase"] != "planned"]
-    assert 2 <= len(started_trials) <= MAX_STARTUPS and data["startups"] == len(started_trials)
+    assert len(trials) >= 2 and 1 <= len(started_trials) <= MAX_STARTUPS, trials
+    assert data["startups"] == len(started_trials)
     assert data["planned_trials"] == len(trials) - len(started_trials)
     failing = [t for t in trials if t["outcome"] != "ok"]
     working = [t for t in trials if t["outcome"] == "ok"]
