@@ -80,7 +80,7 @@ def plugin_settings(cache_dir: Path | None, log_dir: Path) -> Any:
 def start_tiny_server(log_dir: Path, cache_dir: Path | None = None, **flags: Any) -> tuple[Any, Any]:
     """(SessionState, VLLMServer) for the tiny model; call state.close() to stop it."""
     from pytest_vllm_mem.config import VLLMConfig
-    from pytest_vllm_mem.state import SessionState
+    from pytest_vllm_mem.plugin.state import SessionState
 
     state = SessionState(plugin_settings(cache_dir, log_dir))
     try:
@@ -117,7 +117,7 @@ def calibrated_prompt_len(
     """The plugin prompt_len (words) whose prompts the server counts closest to `target_tokens` on average."""
     from transformers import AutoTokenizer
 
-    from pytest_vllm_mem.load import make_prompts
+    from pytest_vllm_mem.load.client import make_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
 
@@ -145,7 +145,7 @@ def _cpu_self() -> float:
 def plugin_runner(args: argparse.Namespace) -> Callable[[int], dict[str, Any]]:
     import numpy  # noqa: F401  (run_load imports it lazily for percentiles; the bench side imported it already)
 
-    from pytest_vllm_mem.load import run_load
+    from pytest_vllm_mem.load.client import run_load
 
     def run(seed: int) -> dict[str, Any]:
         cpu, wall = _cpu_self(), time.perf_counter()
@@ -379,7 +379,7 @@ METRICS = ("output_throughput", "ttft_p50_ms", "tpot_p50_ms")
 
 def measure(server: Any, spec: LoadSpec, workdir: Path, log: Any = print) -> dict[str, Any]:
     """Interleaved runs of both sides on `server`; ratios plugin/bench of the medians over runs."""
-    from pytest_vllm_mem.load import run_load
+    from pytest_vllm_mem.load.client import run_load
 
     workdir.mkdir(parents=True, exist_ok=True)
     model = server.model_name

@@ -1,4 +1,4 @@
-"""Client cost of pytest_vllm_mem.load.run_load: requests/s and client CPU seconds per request.
+"""Client cost of pytest_vllm_mem.load.client.run_load: requests/s and client CPU seconds per request.
 
 A trivial OpenAI-style streaming endpoint runs in a SEPARATE process (its CPU is not counted); this process drives
 it with run_load and reads its own CPU time with getrusage(RUSAGE_SELF) around the run. With --compare, the same
@@ -97,7 +97,7 @@ def child_cpu_seconds(pid: int) -> float:
 
 
 def measure_run_load(base_url: str, args: argparse.Namespace) -> dict:
-    from pytest_vllm_mem.load import run_load
+    from pytest_vllm_mem.load.client import run_load
 
     cpu = cpu_seconds()
     wall = time.perf_counter()
@@ -115,7 +115,7 @@ def measure_run_load(base_url: str, args: argparse.Namespace) -> dict:
     assert result.ok, result.errors
     assert result.total_output_tokens == args.num_prompts * args.max_tokens
     return {
-        "client": "pytest_vllm_mem.load.run_load",
+        "client": "pytest_vllm_mem.load.client.run_load",
         "requests": result.completed,
         "wall_s": wall,
         "req_per_s": result.request_throughput,
@@ -133,7 +133,7 @@ def measure_vllm_bench(base_url: str, args: argparse.Namespace) -> dict:
     import aiohttp
     from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_completions
 
-    from pytest_vllm_mem.load import make_prompts
+    from pytest_vllm_mem.load.client import make_prompts
 
     prompts = make_prompts(args.num_prompts, 32)
 
@@ -221,7 +221,7 @@ def measure(
         base_url = f"http://127.0.0.1:{int(server.stdout.readline())}"
         if compare:
             import vllm.benchmarks.lib.endpoint_request_func  # noqa: F401  (slow import, outside the measurement)
-        from pytest_vllm_mem.load import run_load
+        from pytest_vllm_mem.load.client import run_load
 
         run_load(base_url, "fake", num_prompts=200, concurrency=concurrency, max_tokens=max_tokens)  # warm
         rows = []

@@ -81,8 +81,8 @@ def collect(quick: bool, out: Path, budget_s: float | None = None) -> dict[str, 
     """Start each session's server once, run its loads, keep everything the plugin's record would hold."""
     from agreement import start_tiny_server
 
-    from pytest_vllm_mem.load import LoadSpec
-    from pytest_vllm_mem.measure import measured_load
+    from pytest_vllm_mem.load.client import LoadSpec
+    from pytest_vllm_mem.load.measure import measured_load
 
     workdir = Path(tempfile.mkdtemp(prefix="vllm-mem-gate-noise-"))
     data: dict[str, Any] = {
@@ -175,7 +175,7 @@ class _Run:
 
 
 def _samples(session: dict[str, Any], loads: list[dict[str, Any]]) -> dict[str, list[float]]:
-    from pytest_vllm_mem.metrics import record_samples
+    from pytest_vllm_mem.baseline.metrics import record_samples
 
     return record_samples(_Run(session["startup"], session["memory"], loads))
 
@@ -195,9 +195,9 @@ class Rule:
 
 
 def rules() -> list[Rule]:
-    from pytest_vllm_mem.compare import tolerance_judge
-    from pytest_vllm_mem.metrics import METRICS, Tolerance, resolve_tolerances
-    from pytest_vllm_mem.noise import noise_aware_judge
+    from pytest_vllm_mem.baseline.compare import tolerance_judge
+    from pytest_vllm_mem.baseline.metrics import METRICS, Tolerance, resolve_tolerances
+    from pytest_vllm_mem.baseline.noise import noise_aware_judge
 
     old = {name: Tolerance(relative=value, unit=METRICS[name].unit) for name, value in OLD_TOLERANCES.items()}
     new = resolve_tolerances({}, {}, {})
@@ -223,10 +223,10 @@ def judge_pair(
     """The comparisons the plugin makes for a test whose baseline was recorded from `base_loads` and which now ran
     `now_loads`; the failing ones (not strict). `earlier`: (session, loads) recorded before the baseline, oldest
     first, each refreshing the entry as --vllm-update-baseline does (with rule.history)."""
-    from pytest_vllm_mem.baseline_store import BaselineEntry, EnvKey
-    from pytest_vllm_mem.compare import compare, gate_failures
-    from pytest_vllm_mem.metrics import METRICS
-    from pytest_vllm_mem.noise import is_noisy
+    from pytest_vllm_mem.baseline.compare import compare, gate_failures
+    from pytest_vllm_mem.baseline.metrics import METRICS
+    from pytest_vllm_mem.baseline.noise import is_noisy
+    from pytest_vllm_mem.baseline.store import BaselineEntry, EnvKey
 
     env = EnvKey("auto", "cpu", "0.32.0")
     noisy = {name for name, metric in METRICS.items() if is_noisy(metric)}
@@ -363,8 +363,8 @@ def evaluate(data: dict[str, Any]) -> dict[str, Any]:
 def sweep(same: list[dict[str, Any]], alphas: tuple[float, ...] = (0.05, 0.025, 0.01)) -> list[dict[str, Any]]:
     """The window rule at other one-sided levels, repeats 3 and 5: same-config false failures and injected 30%
     "more work" and "more waiting" detections (how the default alpha was chosen)."""
-    from pytest_vllm_mem.metrics import resolve_tolerances
-    from pytest_vllm_mem.noise import NoiseJudge
+    from pytest_vllm_mem.baseline.metrics import resolve_tolerances
+    from pytest_vllm_mem.baseline.noise import NoiseJudge
 
     rows = []
     for repeat in (3, 5):
@@ -387,7 +387,7 @@ def sweep(same: list[dict[str, Any]], alphas: tuple[float, ...] = (0.05, 0.025, 
 
 
 def _median(values: list[float]) -> float:
-    from pytest_vllm_mem.noise import median
+    from pytest_vllm_mem.baseline.noise import median
 
     return median(values)
 
@@ -395,7 +395,7 @@ def _median(values: list[float]) -> float:
 def effects(same: list[dict[str, Any]], regressed: list[dict[str, Any]]) -> dict[str, Any]:
     """Per session: each metric's median and robust spread; per regressed session, its change against the pooled
     same-config sessions (what the flag really does); the spread of the same-config sessions' medians."""
-    from pytest_vllm_mem.noise import pooled_spread
+    from pytest_vllm_mem.baseline.noise import pooled_spread
 
     out: dict[str, Any] = {"sessions": {}, "changes": {}, "between_sessions": {}}
     pooled: dict[str, list[float]] = {}

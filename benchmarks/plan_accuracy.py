@@ -28,8 +28,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pytest_vllm_mem.modelinfo import model_info_from_config
-from pytest_vllm_mem.plan import GIB, Card, Plan, plan
+from pytest_vllm_mem.plan.memory_plan import GIB, Card, Plan, plan
+from pytest_vllm_mem.plan.modelinfo import model_info_from_config
 
 DATA = Path(__file__).resolve().parent / "data" / "gpu_startups.json"
 
@@ -62,11 +62,11 @@ def _error(planned: float, logged: float | None) -> float | None:
 
 def run_cpu(out: Path | None, cases: list[tuple[str, dict[str, Any], dict[str, str]]] = CPU_CASES) -> int:
     from pytest_vllm_mem.config import VLLMConfig
+    from pytest_vllm_mem.launch.server import VLLMStartupError
     from pytest_vllm_mem.memory import cpu_node_memory, detect_device
-    from pytest_vllm_mem.modelinfo import load_model_info
-    from pytest_vllm_mem.server import VLLMStartupError
+    from pytest_vllm_mem.plan.modelinfo import load_model_info
+    from pytest_vllm_mem.plugin.state import SessionState
     from pytest_vllm_mem.settings import Settings
-    from pytest_vllm_mem.state import SessionState
 
     log_dir = Path(tempfile.mkdtemp(prefix="plan-accuracy-"))
     state = SessionState(Settings.from_values({"vllm_log_dir": log_dir}, Path.cwd()))
@@ -196,7 +196,7 @@ def gpu_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
         row["kv_tokens_error"] = _error(predicted.kv_tokens.value, logged.get("kv_tokens"))
         # The KV arithmetic alone: logged KV GiB -> tokens with the plan's bytes per token and block count.
         if logged.get("kv_cache_gib") is not None and logged.get("kv_tokens"):
-            from pytest_vllm_mem.plan import _tokens
+            from pytest_vllm_mem.plan.memory_plan import _tokens
 
             tokens, _ = _tokens(
                 int(logged["kv_cache_gib"] * GIB),
@@ -219,7 +219,7 @@ def _calibrated_from_sibling(
 ) -> tuple[str, Plan] | None:
     """The plan of `entry` calibrated from another startup of the same model, release, GPU and flag shape (another
     max_model_len): what the plugin does on the next run. None when there is no such sibling."""
-    from pytest_vllm_mem.calibration import SHAPE_FLAGS, from_startup
+    from pytest_vllm_mem.plan.calibration import SHAPE_FLAGS, from_startup
 
     def shape(e: dict[str, Any]) -> tuple[Any, ...]:
         return (e["model"], e["vllm_version"], e["gpu"], tuple((k, e.get("flags", {}).get(k)) for k in SHAPE_FLAGS))

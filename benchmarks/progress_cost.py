@@ -76,7 +76,7 @@ def _observer(server: FakeServer | None, terminal: Discard) -> Observer:
 
 
 def load_pair(base_url: str, num_prompts: int, server: FakeServer, terminal: Discard) -> dict[str, dict[str, float]]:
-    from pytest_vllm_mem.load import run_load
+    from pytest_vllm_mem.load.client import run_load
 
     rows = {}
     for name, observer in (("off", None), ("on", _observer(server, terminal))):

@@ -179,7 +179,7 @@ def table(figures: dict[str, Any]) -> list[dict[str, Any]]:
             abs(ratio - 1) <= agreement.AGREEMENT_TOLERANCE,
         )
     known = {r["client"]: r for r in figures["known_endpoint"]["rows"]}
-    plugin_known, bench_known = known["pytest_vllm_mem.load.run_load"], known["vllm bench serve request func"]
+    plugin_known, bench_known = known["pytest_vllm_mem.load.client.run_load"], known["vllm bench serve request func"]
     endpoint = figures["known_endpoint"]
     # A fake endpoint whose TTFT and token gap are known: what each client adds on top is its own measurement error.
     # Agreeing within 5% is met; so is differing by adding less than vLLM's client to the known value.
@@ -224,7 +224,7 @@ def table(figures: dict[str, Any]) -> list[dict[str, Any]]:
         cpu_together <= 1.0,
     )
     fake = {r["client"]: r for r in figures["client_cost"]["rows"]}
-    plugin_row = fake["pytest_vllm_mem.load.run_load"]
+    plugin_row = fake["pytest_vllm_mem.load.client.run_load"]
     bench_row = fake.get("vllm bench serve request func")
     if bench_row:
         fake_ratio = plugin_row["client_cpu_ms_per_req"] / bench_row["client_cpu_ms_per_req"]

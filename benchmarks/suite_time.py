@@ -27,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pytest_vllm_mem.compile_cache import AOT_LOAD_FAILURE  # noqa: E402
+from pytest_vllm_mem.launch.compile_cache import AOT_LOAD_FAILURE  # noqa: E402
 
 BAD_FLAG_LIMIT_S = 1.0  # a misspelled flag must fail faster than this (a startup takes 30-60 s here)
 
@@ -157,7 +157,7 @@ def run_suite(suite: Path, cache_dir: Path, label: str, env: dict[str, str] | No
 
 def cold_cost_parts(scratch: Path) -> dict[str, float]:
     """What a cold cache dir costs besides compiling: building the tiny model, dumping vLLM's flag table."""
-    from pytest_vllm_mem.flagcheck import load_parser_table
+    from pytest_vllm_mem.launch.flagcheck import load_parser_table
     from pytest_vllm_mem.tiny_model import build_tiny_model
 
     started = time.perf_counter()

@@ -1,7 +1,7 @@
 """pytest-vllm-mem: vLLM serving regression tests that fail on startup OOM, memory and throughput regressions."""
 
-from .config import VLLMConfig
-from .server import VLLMServer, VLLMStartupError
+from pytest_vllm_mem.config import VLLMConfig
+from pytest_vllm_mem.launch.server import VLLMServer, VLLMStartupError
 
 __all__ = ["VLLMConfig", "VLLMServer", "VLLMStartupError", "__version__"]
 __version__ = "0.1.0"

@@ -24,14 +24,20 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
 
-from .diagnose import PRE_STARTUP_PHASE, STARTUP_PHASES, line_figures, startup_milestone, strip_log_prefix
-from .units import format_bytes
+from pytest_vllm_mem.diagnosis.diagnose import (
+    PRE_STARTUP_PHASE,
+    STARTUP_PHASES,
+    line_figures,
+    startup_milestone,
+    strip_log_prefix,
+)
+from pytest_vllm_mem.units import format_bytes
 
 if TYPE_CHECKING:
-    from .config import VLLMConfig
-    from .diagnose import StartupMemory
-    from .load import LoadResult
-    from .server import StartupOutcome, VLLMServer
+    from pytest_vllm_mem.config import VLLMConfig
+    from pytest_vllm_mem.diagnosis.diagnose import StartupMemory
+    from pytest_vllm_mem.launch.server import StartupOutcome, VLLMServer
+    from pytest_vllm_mem.load.client import LoadResult
 
 MODES = ("auto", "line", "plain", "off")
 Mode = Literal["line", "plain"]
@@ -672,7 +678,7 @@ def choose_mode(setting: str, isatty: bool, *, worker: bool) -> Mode | None:
     """The rendering for `--vllm-progress` (auto|line|plain|off); None: off. xdist workers: off (their terminal
     belongs to the controller; the records and the summary still carry every figure)."""
     if setting not in MODES:
-        from .settings import UsageError
+        from pytest_vllm_mem.settings import UsageError
 
         raise UsageError(
             f"--vllm-progress={setting!r} is not a progress mode: use auto (an updating line on a "

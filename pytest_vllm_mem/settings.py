@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from .noise import ALPHAS, DEFAULT_ALPHA
+from pytest_vllm_mem.baseline.noise import ALPHAS, DEFAULT_ALPHA
 
 if TYPE_CHECKING:  # pytest only in annotations: the tune command and the core use Settings without pytest
     import pytest

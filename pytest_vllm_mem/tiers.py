@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .config import VLLMConfig
-from .units import GIB, format_bytes
+from pytest_vllm_mem.config import VLLMConfig
+from pytest_vllm_mem.units import GIB, format_bytes
 
 # The unit is required and `g` is refused. A bare `24` or `24g` was read as GB, while torch and vLLM's logs
 # count GiB: the same reason units.parse_size refuses single letters. 24gb and 24gib differ by 7%.

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_vllm_mem.advice import GIB, advise, default_utilization, power_of_two_at_most, tier_label
 from pytest_vllm_mem.config import VLLMConfig
-from pytest_vllm_mem.diagnose import Diagnosis, StartupMemory, classify_failure, parse_startup_memory
+from pytest_vllm_mem.diagnosis.advice import GIB, advise, default_utilization, power_of_two_at_most, tier_label
+from pytest_vllm_mem.diagnosis.diagnose import Diagnosis, StartupMemory, classify_failure, parse_startup_memory
 
 # vLLM 0.33.0's GPU startup summary (gpu_worker.py compile_or_warm_up_model), numbers filled in: no public log has it.
 GPU_TOTALS_033 = (

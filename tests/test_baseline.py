@@ -7,18 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_vllm_mem.baseline_store import (
-    KEEP_VERSIONS,
-    BaselineEntry,
-    BaselineError,
-    BaselineStore,
-    EnvKey,
-    git_commit,
-    median,
-    spread_range,
-)
-from pytest_vllm_mem.compare import Comparison, compare, format_gate_failure, gate_failures
-from pytest_vllm_mem.metrics import (
+from pytest_vllm_mem.baseline.compare import Comparison, compare, format_gate_failure, gate_failures
+from pytest_vllm_mem.baseline.metrics import (
     GATED,
     METRICS,
     Tolerance,
@@ -28,6 +18,16 @@ from pytest_vllm_mem.metrics import (
     parse_tolerance_spec,
     record_samples,
     resolve_tolerances,
+)
+from pytest_vllm_mem.baseline.store import (
+    KEEP_VERSIONS,
+    BaselineEntry,
+    BaselineError,
+    BaselineStore,
+    EnvKey,
+    git_commit,
+    median,
+    spread_range,
 )
 
 ENV = EnvKey("24gb", "NVIDIA L4", "0.32.0")
@@ -621,7 +621,7 @@ def test_a_malformed_history_is_one_paragraph_naming_the_entry(tmp_path: Path) -
 def test_the_gates_store_keeps_history_for_throughput_and_latency_only(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from pytest_vllm_mem.gate import Gate
+    from pytest_vllm_mem.plugin.gate import Gate
 
     settings = SimpleNamespace(
         vllm_baseline=tmp_path / "baselines.json",

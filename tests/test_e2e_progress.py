@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from e2e import record, run_inner
 
-from pytest_vllm_mem.diagnose import STARTUP_PHASES
+from pytest_vllm_mem.diagnosis.diagnose import STARTUP_PHASES
 from pytest_vllm_mem.progress import StartupReader
 from pytest_vllm_mem.units import format_bytes
 

@@ -18,7 +18,7 @@ import pytest
 from e2e import CACHE_DIR, TOKEN_VAR, processes_with_token, record, run_inner
 from stubs.helpers import Figures, kill_quietly, popen_pytest, running
 
-from pytest_vllm_mem.server import SERVER_MODULE, STARTING_STOP_GRACE_S
+from pytest_vllm_mem.launch.server import SERVER_MODULE, STARTING_STOP_GRACE_S
 from pytest_vllm_mem.versions import LAUNCHER
 
 pytestmark = pytest.mark.e2e
@@ -37,7 +37,7 @@ import json, os, signal, threading, time
 from pathlib import Path
 import psutil, pytest
 from pytest_vllm_mem import VLLMConfig
-from pytest_vllm_mem.state import state_key
+from pytest_vllm_mem.plugin.state import state_key
 
 A = VLLMConfig("tiny", gpu_memory_utilization=0.1, max_model_len=1024)
 B = VLLMConfig("tiny", gpu_memory_utilization=0.1, max_model_len=512)

@@ -18,7 +18,7 @@ import psutil
 import pytest
 from stubs.helpers import kill_quietly, running
 
-from pytest_vllm_mem import devicelock, lifeline
+from pytest_vllm_mem.launch import devicelock, lifeline
 from pytest_vllm_mem.memory import DeviceInfo
 
 linux_only = pytest.mark.skipif(
@@ -58,8 +58,8 @@ SERVER = textwrap.dedent("""
 PYTEST = textwrap.dedent("""
     import os, signal, subprocess, sys, time
     import psutil
-    from pytest_vllm_mem import lifeline as module
-    from pytest_vllm_mem.lifeline import lifeline
+    from pytest_vllm_mem.launch import lifeline as module
+    from pytest_vllm_mem.launch.lifeline import lifeline
 
     server = subprocess.Popen([sys.executable, "-c", open(sys.argv[1]).read(), sys.argv[2]], start_new_session=True)
     lifeline().watch(server.pid)
@@ -247,7 +247,7 @@ def test_the_watchdog_refuses_to_run_without_a_parent_pid() -> None:
 
 HOLD = textwrap.dedent("""
     import json, sys, time
-    from pytest_vllm_mem.devicelock import startup_lock
+    from pytest_vllm_mem.launch.devicelock import startup_lock
     from pytest_vllm_mem.memory import DeviceInfo
     device = DeviceInfo("cuda", "GPU", 1, int(sys.argv[1]), sys.argv[2])
     asked = time.time()

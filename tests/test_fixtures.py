@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from test_plan import LLAMA2_7B
 
-from pytest_vllm_mem.fixtures import load_arguments, vllm_load
-from pytest_vllm_mem.load import LoadSpec, LoadSpecError
+from pytest_vllm_mem.load.client import LoadSpec, LoadSpecError
+from pytest_vllm_mem.plugin.fixtures import load_arguments, vllm_load
 
 
 def documented_defaults() -> dict[str, object]:

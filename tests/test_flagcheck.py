@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pytest_vllm_mem.config import VLLMConfig
-from pytest_vllm_mem.flagcheck import (
+from pytest_vllm_mem.launch.flagcheck import (
     FlagCheckError,
     ParserTable,
     PreCheckSkipped,
@@ -370,7 +370,7 @@ def test_starts(vllm_server):
 
 @pytest.mark.parametrize(
     "warnings_option",
-    [[], ["-W", "error::pytest_vllm_mem.flagcheck.PreCheckSkipped"]],
+    [[], ["-W", "error::pytest_vllm_mem.launch.flagcheck.PreCheckSkipped"]],
     ids=["default", "warnings-as-errors"],
 )
 def test_a_session_on_an_unreadable_vllm_starts_its_servers_with_one_warning(

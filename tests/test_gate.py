@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from pytest_vllm_mem.baseline_store import BaselineEntry, BaselineStore, EnvKey
-from pytest_vllm_mem.gate import Gate, env_key, evaluate_record, tier_problem
-from pytest_vllm_mem.metrics import Tolerance
-from pytest_vllm_mem.noise import ALPHAS, NoiseJudge
-from pytest_vllm_mem.results import TestRecord
+from pytest_vllm_mem.baseline.metrics import Tolerance
+from pytest_vllm_mem.baseline.noise import ALPHAS, NoiseJudge
+from pytest_vllm_mem.baseline.results import TestRecord
+from pytest_vllm_mem.baseline.store import BaselineEntry, BaselineStore, EnvKey
+from pytest_vllm_mem.plugin.gate import Gate, env_key, evaluate_record, tier_problem
 from pytest_vllm_mem.settings import UsageError
 
 GIB = 2**30

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from pytest_vllm_mem.load import (
+from pytest_vllm_mem.load.client import (
     LoadResult,
     LoadSpec,
     LoadSpecError,
@@ -312,7 +312,7 @@ def test_result_to_dict_is_json_and_ok_follows_server_alive(fake):
 
 
 def test_a_load_failure_is_a_diagnosis_in_the_json(fake):
-    from pytest_vllm_mem.diagnose import Diagnosis
+    from pytest_vllm_mem.diagnosis.diagnose import Diagnosis
 
     result = run_load(fake.url("ok", 0, 0), "m", num_prompts=2, concurrency=2, max_tokens=2)
     result.failure = Diagnosis(

@@ -10,14 +10,14 @@ import pytest
 from fake_nvml import FakeGpu, FakeMig, FakeNvml, gpu_uuid, gpus, mig_uuid
 
 from pytest_vllm_mem import VLLMConfig, VLLMStartupError
-from pytest_vllm_mem import session as state_module
-from pytest_vllm_mem.gate import tier_problem
+from pytest_vllm_mem.baseline.results import TestRecord
+from pytest_vllm_mem.launch import pool as state_module
+from pytest_vllm_mem.launch.pool import ServerPool
+from pytest_vllm_mem.launch.server import LaunchSettings
 from pytest_vllm_mem.memory import detect_devices, make_probe
-from pytest_vllm_mem.results import TestRecord
-from pytest_vllm_mem.server import LaunchSettings
-from pytest_vllm_mem.session import ServerPool
+from pytest_vllm_mem.plugin.gate import tier_problem
+from pytest_vllm_mem.plugin.state import SessionState
 from pytest_vllm_mem.settings import Settings, UsageError
-from pytest_vllm_mem.state import SessionState
 from pytest_vllm_mem.units import GIB
 
 

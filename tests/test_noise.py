@@ -8,7 +8,7 @@ import statistics
 import numpy as np
 import pytest
 
-from pytest_vllm_mem.noise import (
+from pytest_vllm_mem.baseline.noise import (
     ALPHAS,
     Decision,
     NoiseError,
@@ -275,9 +275,9 @@ def test_simulated_noise_false_failures_are_rare_and_large_changes_are_caught() 
 
 
 def test_judge_decides_throughput_by_noise_and_memory_by_the_fixed_band() -> None:
-    from pytest_vllm_mem.compare import Sample
-    from pytest_vllm_mem.metrics import METRICS, Tolerance
-    from pytest_vllm_mem.noise import NoiseJudge, is_noisy, noise_aware_judge
+    from pytest_vllm_mem.baseline.compare import Sample
+    from pytest_vllm_mem.baseline.metrics import METRICS, Tolerance
+    from pytest_vllm_mem.baseline.noise import NoiseJudge, is_noisy, noise_aware_judge
 
     assert is_noisy(METRICS["output_throughput"]) and is_noisy(METRICS["ttft_p50"])
     assert not is_noisy(METRICS["load_peak_memory"]) and not is_noisy(METRICS["kv_cache_tokens"])
@@ -297,9 +297,9 @@ def test_judge_decides_throughput_by_noise_and_memory_by_the_fixed_band() -> Non
 
 
 def test_judge_takes_the_floor_from_an_absolute_tolerance_and_the_files_median() -> None:
-    from pytest_vllm_mem.compare import Sample
-    from pytest_vllm_mem.metrics import METRICS, Tolerance
-    from pytest_vllm_mem.noise import noise_aware_judge
+    from pytest_vllm_mem.baseline.compare import Sample
+    from pytest_vllm_mem.baseline.metrics import METRICS, Tolerance
+    from pytest_vllm_mem.baseline.noise import noise_aware_judge
 
     ttft = METRICS["ttft_p50"]
     quiet_base, slower = Sample.of([100.0, 101.0, 99.0]), Sample.of([140.0, 141.0, 139.0])
@@ -312,7 +312,7 @@ def test_judge_takes_the_floor_from_an_absolute_tolerance_and_the_files_median()
 
 
 def test_default_k_with_five_repeats_catches_a_30_percent_drop_in_5_percent_noise() -> None:
-    from pytest_vllm_mem.noise import DEFAULT_K
+    from pytest_vllm_mem.baseline.noise import DEFAULT_K
 
     assert _rates(5, 0.05, 0.0, floor=0.0, k=DEFAULT_K)[0] < 0.01
     assert _rates(5, 0.05, -0.30, floor=0.10, k=DEFAULT_K)[0] > 0.97
@@ -321,10 +321,10 @@ def test_default_k_with_five_repeats_catches_a_30_percent_drop_in_5_percent_nois
 
 
 def test_ttft_p99_is_reported_and_gated_only_when_a_tolerance_is_set() -> None:
-    from pytest_vllm_mem.baseline_store import BaselineEntry, EnvKey
-    from pytest_vllm_mem.compare import compare
-    from pytest_vllm_mem.metrics import GATED, parse_tolerance_spec, resolve_tolerances
-    from pytest_vllm_mem.noise import noise_aware_judge
+    from pytest_vllm_mem.baseline.compare import compare
+    from pytest_vllm_mem.baseline.metrics import GATED, parse_tolerance_spec, resolve_tolerances
+    from pytest_vllm_mem.baseline.noise import noise_aware_judge
+    from pytest_vllm_mem.baseline.store import BaselineEntry, EnvKey
 
     assert "ttft_p99" not in GATED
     entry = BaselineEntry.from_samples(
@@ -340,7 +340,7 @@ def test_ttft_p99_is_reported_and_gated_only_when_a_tolerance_is_set() -> None:
 
 
 def test_report_cell_shows_the_statistics_of_a_noise_judged_regression() -> None:
-    from pytest_vllm_mem.report import _change
+    from pytest_vllm_mem.plugin.report import _change
 
     judged = {
         "metric": "output_throughput",
@@ -352,11 +352,11 @@ def test_report_cell_shows_the_statistics_of_a_noise_judged_regression() -> None
 
 
 def test_failure_message_carries_the_change_with_its_statistics_once() -> None:
-    from pytest_vllm_mem.baseline_store import BaselineEntry, EnvKey
-    from pytest_vllm_mem.compare import compare
-    from pytest_vllm_mem.metrics import resolve_tolerances
-    from pytest_vllm_mem.noise import noise_aware_judge
-    from pytest_vllm_mem.report import _change
+    from pytest_vllm_mem.baseline.compare import compare
+    from pytest_vllm_mem.baseline.metrics import resolve_tolerances
+    from pytest_vllm_mem.baseline.noise import noise_aware_judge
+    from pytest_vllm_mem.baseline.store import BaselineEntry, EnvKey
+    from pytest_vllm_mem.plugin.report import _change
 
     entry = BaselineEntry.from_samples(
         "t",

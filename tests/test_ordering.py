@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from pytest_vllm_mem import VLLMConfig
-from pytest_vllm_mem.ordering import DEFAULT_CONFIG, group_by_server_config, server_config_key
+from pytest_vllm_mem.plugin.ordering import DEFAULT_CONFIG, group_by_server_config, server_config_key
 
 A, B = VLLMConfig("tiny", max_model_len=512), VLLMConfig("tiny", max_model_len=1024)
 

@@ -8,17 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_vllm_mem.known_models import KNOWN_CONFIGS
-from pytest_vllm_mem.modelinfo import (
-    ModelInfoError,
-    architecture_weight_bytes,
-    checkpoint_bytes,
-    find_model_folder,
-    load_model_info,
-    model_info_from_config,
-    read_safetensors_header,
-)
-from pytest_vllm_mem.plan import (
+from pytest_vllm_mem.plan.known_models import KNOWN_CONFIGS
+from pytest_vllm_mem.plan.memory_plan import (
     GIB,
     Calibration,
     Card,
@@ -26,6 +17,15 @@ from pytest_vllm_mem.plan import (
     PlanUnsupported,
     kv_bytes_per_token,
     plan,
+)
+from pytest_vllm_mem.plan.modelinfo import (
+    ModelInfoError,
+    architecture_weight_bytes,
+    checkpoint_bytes,
+    find_model_folder,
+    load_model_info,
+    model_info_from_config,
+    read_safetensors_header,
 )
 
 # Public config.json figures (Hugging Face model cards), trimmed to what the plan reads: the plugin's built-in copies,

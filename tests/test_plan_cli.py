@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from test_plan import LLAMA2_7B
 
-from pytest_vllm_mem.__main__ import main
-from pytest_vllm_mem.calibration import CalibrationStore, calibration_key, from_startup
-from pytest_vllm_mem.modelinfo import model_info_from_config
-from pytest_vllm_mem.plan import GIB, Card, plan
+from pytest_vllm_mem.cli.main import main
+from pytest_vllm_mem.plan.calibration import CalibrationStore, calibration_key, from_startup
+from pytest_vllm_mem.plan.memory_plan import GIB, Card, plan
+from pytest_vllm_mem.plan.modelinfo import model_info_from_config
 
 
 @pytest.fixture
@@ -108,7 +108,7 @@ def test_calibration_round_trip_makes_the_next_plan_exact(tmp_path: Path) -> Non
 
 
 def test_tuner_trials_decided_by_the_plan_do_not_spend_startups() -> None:
-    from pytest_vllm_mem.tune import OK, TOO_LOW, Trial, search
+    from pytest_vllm_mem.tune.search import OK, TOO_LOW, Trial, search
 
     started: list[float] = []
 
@@ -128,8 +128,8 @@ def test_a_real_startup_becomes_the_sessions_calibration_and_is_kept_with_the_ba
     from types import SimpleNamespace
 
     from pytest_vllm_mem.config import VLLMConfig
-    from pytest_vllm_mem.diagnose import StartupMemory
-    from pytest_vllm_mem.preflight import calibration_path, learn_from_startup
+    from pytest_vllm_mem.diagnosis.diagnose import StartupMemory
+    from pytest_vllm_mem.plan.preflight import calibration_path, learn_from_startup
 
     info = model_info_from_config(LLAMA2_7B, name="llama")
     first = plan(info, {"gpu_memory_utilization": 0.9}, Card("cuda", "L4", int(22.03 * GIB)), vllm_version="0.33.0")

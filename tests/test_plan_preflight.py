@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from test_plan import LLAMA2_7B
 
-from pytest_vllm_mem.preflight import kv_cell, preflight_tier
+from pytest_vllm_mem.plan.preflight import kv_cell, preflight_tier
 
 SUITE = """
 import pytest
@@ -97,9 +97,9 @@ def test_real_run_record_keeps_plan_beside_logged_figures() -> None:
     from types import SimpleNamespace
 
     from pytest_vllm_mem.config import VLLMConfig
-    from pytest_vllm_mem.modelinfo import model_info_from_config
-    from pytest_vllm_mem.plan import GIB, Card, plan
-    from pytest_vllm_mem.preflight import plan_record
+    from pytest_vllm_mem.plan.memory_plan import GIB, Card, plan
+    from pytest_vllm_mem.plan.modelinfo import model_info_from_config
+    from pytest_vllm_mem.plan.preflight import plan_record
 
     info = model_info_from_config(LLAMA2_7B, name="llama")
     result = plan(info, {"gpu_memory_utilization": 0.9}, Card("cuda", "L4", int(22.03 * GIB)), vllm_version="0.33.0")

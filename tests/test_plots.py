@@ -11,10 +11,10 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from pytest_vllm_mem import plots
 from pytest_vllm_mem.config import VLLMConfig
-from pytest_vllm_mem.diagnose import StartupMemory
-from pytest_vllm_mem.plots import (
+from pytest_vllm_mem.diagnosis.diagnose import StartupMemory
+from pytest_vllm_mem.plugin import plots
+from pytest_vllm_mem.plugin.plots import (
     log_event_times,
     phase_windows,
     plot_filename,

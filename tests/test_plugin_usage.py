@@ -58,7 +58,7 @@ def test_a_gate_level_without_a_t_table_is_a_usage_error(pytester: pytest.Pytest
 
 
 def test_the_gate_levels_offered_are_those_the_t_table_has() -> None:
-    from pytest_vllm_mem.noise import ALPHAS
+    from pytest_vllm_mem.baseline.noise import ALPHAS
     from pytest_vllm_mem.settings import OPTIONS
 
     [option] = [item for item in OPTIONS if item.name == "vllm_gate_alpha"]

@@ -13,7 +13,8 @@ import pytest
 
 from pytest_vllm_mem import progress
 from pytest_vllm_mem.config import VLLMConfig
-from pytest_vllm_mem.diagnose import parse_startup_memory
+from pytest_vllm_mem.diagnosis.diagnose import parse_startup_memory
+from pytest_vllm_mem.launch.server import StartupOutcome
 from pytest_vllm_mem.progress import (
     Figures,
     LoadEnded,
@@ -32,7 +33,6 @@ from pytest_vllm_mem.progress import (
     watch_load,
     watch_startup,
 )
-from pytest_vllm_mem.server import StartupOutcome
 from pytest_vllm_mem.settings import UsageError
 
 LOGS = Path(__file__).parent / "data" / "logs"
@@ -114,7 +114,7 @@ def test_progress_reads_the_log_through_diagnoses_public_names_only() -> None:
     imported = [
         alias.name
         for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and node.module == "diagnose"
+        if isinstance(node, ast.ImportFrom) and node.module == "pytest_vllm_mem.diagnosis.diagnose"
         for alias in node.names
     ]
     assert "startup_milestone" in imported and "line_figures" in imported
@@ -217,7 +217,7 @@ def test_load_watch_reads_counters_on_its_own_thread() -> None:
 
 
 def test_run_load_offers_its_counters_only_under_an_observer(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_vllm_mem import load
+    from pytest_vllm_mem.load.client import client as load
 
     seen: list[int] = []
 
@@ -385,10 +385,11 @@ def test_modes() -> None:
 INNER_CONFTEST = """
 import time
 from pathlib import Path
-from pytest_vllm_mem import fixtures, progress
-from pytest_vllm_mem.diagnose import parse_startup_memory
-from pytest_vllm_mem.server import StartupOutcome
-from pytest_vllm_mem.session import Session
+from pytest_vllm_mem import progress
+from pytest_vllm_mem.plugin import fixtures
+from pytest_vllm_mem.diagnosis.diagnose import parse_startup_memory
+from pytest_vllm_mem.launch.server import StartupOutcome
+from pytest_vllm_mem.launch.pool import Session
 from pytest_vllm_mem.tiers import Tier
 
 LOG = Path("fake.log")

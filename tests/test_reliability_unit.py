@@ -33,12 +33,12 @@ from stubs.helpers import (
 )
 
 from pytest_vllm_mem import VLLMConfig, VLLMStartupError
-from pytest_vllm_mem import server as server_module
-from pytest_vllm_mem.load import LoadSpec
-from pytest_vllm_mem.measure import measured_load
+from pytest_vllm_mem.launch import server as server_module
+from pytest_vllm_mem.launch.pool import ServerPool
+from pytest_vllm_mem.launch.server import LaunchSettings, free_port, launch, stop_all_servers
+from pytest_vllm_mem.load.client import LoadSpec
+from pytest_vllm_mem.load.measure import measured_load
 from pytest_vllm_mem.memory import detect_device, make_probe
-from pytest_vllm_mem.server import LaunchSettings, free_port, launch, stop_all_servers
-from pytest_vllm_mem.session import ServerPool
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pytest_vllm_mem"
 FIGURES = Figures()
@@ -279,7 +279,7 @@ import os
 from pathlib import Path
 import pytest
 from pytest_vllm_mem import VLLMConfig, VLLMStartupError
-from pytest_vllm_mem.state import state_key
+from pytest_vllm_mem.plugin.state import state_key
 
 OK = VLLMConfig("stub-model", env={"VLLM_STUB": "fake_server.py"}, max_model_len=1024)
 HANG = VLLMConfig("stub-model", env={"VLLM_STUB": "hang_server.py", "HANG_PIDS_FILE": os.path.abspath("hang.pids")},

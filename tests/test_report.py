@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from pytest_vllm_mem.baseline_store import BaselineEntry, BaselineStore, EnvKey
-from pytest_vllm_mem.gate import Gate, env_key
-from pytest_vllm_mem.report import (
+from pytest_vllm_mem.baseline.results import TestRecord
+from pytest_vllm_mem.baseline.store import BaselineEntry, BaselineStore, EnvKey
+from pytest_vllm_mem.plugin.gate import Gate, env_key
+from pytest_vllm_mem.plugin.report import (
     COLUMNS,
     ReportWriter,
     baseline_cell,
@@ -22,7 +23,6 @@ from pytest_vllm_mem.report import (
     upgrade_lines,
     upgrade_markdown,
 )
-from pytest_vllm_mem.results import TestRecord
 
 GIB = 2**30
 

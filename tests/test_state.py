@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from pytest_vllm_mem import VLLMConfig, VLLMStartupError
-from pytest_vllm_mem import session as state_module
+from pytest_vllm_mem.launch import pool as state_module
+from pytest_vllm_mem.launch.pool import ServerPool
+from pytest_vllm_mem.launch.server import LaunchSettings
 from pytest_vllm_mem.memory import DeviceInfo
-from pytest_vllm_mem.server import LaunchSettings
-from pytest_vllm_mem.session import ServerPool
 
 GIB = 2**30
 
@@ -64,8 +64,8 @@ def test_a_startup_error_keeps_the_requested_and_the_launched_config(
 
 
 def test_session_state_declares_its_attributes_and_knows_nothing_before_a_server(tmp_path: Path) -> None:
+    from pytest_vllm_mem.plugin.state import SessionState
     from pytest_vllm_mem.settings import Settings
-    from pytest_vllm_mem.state import SessionState
 
     state = SessionState(Settings.from_values({"vllm_model_override": "other/model"}, tmp_path))
     # Set by pytest_configure, declared on the class (type checkers see them; nothing attaches attributes from outside).

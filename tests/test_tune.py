@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-import pytest_vllm_mem.tune as tune_module
-from pytest_vllm_mem import __main__ as cli
+import pytest_vllm_mem.tune.search as tune_module
+from pytest_vllm_mem.cli import main as cli
 from pytest_vllm_mem.config import VLLMConfig
-from pytest_vllm_mem.diagnose import Diagnosis, StartupMemory
-from pytest_vllm_mem.flagcheck import ParserTable
-from pytest_vllm_mem.load import LoadResult, Percentiles
-from pytest_vllm_mem.server import StartupOutcome, VLLMStartupError
+from pytest_vllm_mem.diagnosis.diagnose import Diagnosis, StartupMemory
+from pytest_vllm_mem.launch.flagcheck import ParserTable
+from pytest_vllm_mem.launch.server import StartupOutcome, VLLMStartupError
+from pytest_vllm_mem.load.client import LoadResult, Percentiles
 from pytest_vllm_mem.tiers import Tier
-from pytest_vllm_mem.tune import (
+from pytest_vllm_mem.tune.search import (
     NOT_MEMORY,
     OK,
     TOO_HIGH,
@@ -432,7 +432,7 @@ def test_ctrl_c_stops_the_session_and_exits_130(monkeypatch: pytest.MonkeyPatch,
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "tune", interrupted)
-    monkeypatch.setattr("pytest_vllm_mem.session.Session.close", lambda self: closed.append(True))
+    monkeypatch.setattr("pytest_vllm_mem.launch.pool.Session.close", lambda self: closed.append(True))
     code = cli.main(["tune", "--model", "tiny", "--cache-dir", str(tmp_path)])
     assert code == 130 and closed == [True]
     assert "interrupted" in capsys.readouterr().err
@@ -451,7 +451,7 @@ def test_the_cli_load_is_the_tuners_load_with_its_flags(
         raise KeyboardInterrupt  # stop before any startup
 
     monkeypatch.setattr(cli, "tune", recorded)
-    monkeypatch.setattr("pytest_vllm_mem.session.Session.close", lambda self: None)
+    monkeypatch.setattr("pytest_vllm_mem.launch.pool.Session.close", lambda self: None)
     assert cli.main(["tune", "--model", "tiny", "--cache-dir", str(tmp_path), *flags]) == 130
     assert loads == [replace(TUNE_LOAD, **changed)]  # the CLI's defaults and the tuner's timeout are TUNE_LOAD's
 

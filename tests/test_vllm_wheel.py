@@ -22,11 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_vllm_mem import diagnose, tiny_model
-from pytest_vllm_mem.compile_cache import AOT_LOAD_FAILURE
+from pytest_vllm_mem import tiny_model
 from pytest_vllm_mem.config import VLLMConfig
-from pytest_vllm_mem.flagcheck import ParserTable, flag_problems, load_parser_table
-from pytest_vllm_mem.server import SERVER_MODULE
+from pytest_vllm_mem.diagnosis import diagnose
+from pytest_vllm_mem.launch.compile_cache import AOT_LOAD_FAILURE
+from pytest_vllm_mem.launch.flagcheck import ParserTable, flag_problems, load_parser_table
+from pytest_vllm_mem.launch.server import SERVER_MODULE
 from pytest_vllm_mem.versions import placement
 
 WHEEL_SRC = os.environ.get("VLLM_MEM_WHEEL_SRC")

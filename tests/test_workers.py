@@ -7,7 +7,7 @@ import pytest
 from fake_nvml import FakeGpu, FakeMig, FakeNvml, gpu_uuid, gpus, mig_uuid
 
 from pytest_vllm_mem.memory import detect_devices
-from pytest_vllm_mem.workers import WorkerDeviceError, assign_worker_gpus, worker_devices
+from pytest_vllm_mem.plugin.workers import WorkerDeviceError, assign_worker_gpus, worker_devices
 
 
 def test_one_gpu_per_worker_on_an_8_gpu_node() -> None:

@@ -12,13 +12,20 @@ Modules, one concern each: `device` (records, the probe protocol, errors), `proc
 
 from __future__ import annotations
 
-from .backend import detect_device, detect_devices, gpus_used, make_probe, server_devices, wait_for_free_memory
-from .cpu import ProcessTreeProbe, cpu_device, cpu_memory_node, cpu_model_name, cpu_node_memory
-from .device import DeviceError, DeviceInfo, MemoryProbe, ProbeReadError
-from .gpu import NvmlProbe
-from .nvml import NvmlError, NvmlUnavailable, device_count
-from .process_tree import cpu_seconds_between, process_tree, tree_cpu_times
-from .sampler import MemorySampler
+from pytest_vllm_mem.memory.backend import (
+    detect_device,
+    detect_devices,
+    gpus_used,
+    make_probe,
+    server_devices,
+    wait_for_free_memory,
+)
+from pytest_vllm_mem.memory.cpu import ProcessTreeProbe, cpu_device, cpu_memory_node, cpu_model_name, cpu_node_memory
+from pytest_vllm_mem.memory.device import DeviceError, DeviceInfo, MemoryProbe, ProbeReadError
+from pytest_vllm_mem.memory.gpu import NvmlProbe
+from pytest_vllm_mem.memory.nvml import NvmlError, NvmlUnavailable, device_count
+from pytest_vllm_mem.memory.process_tree import cpu_seconds_between, process_tree, tree_cpu_times
+from pytest_vllm_mem.memory.sampler import MemorySampler
 
 __all__ = [
     "DeviceError",

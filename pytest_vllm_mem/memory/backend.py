@@ -12,10 +12,10 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from .cpu import ProcessTreeProbe, cpu_device
-from .device import DeviceError, DeviceInfo, MemoryProbe
-from .gpu import NvmlProbe
-from .nvml import NvmlUnavailable, nvml_session
+from pytest_vllm_mem.memory.cpu import ProcessTreeProbe, cpu_device
+from pytest_vllm_mem.memory.device import DeviceError, DeviceInfo, MemoryProbe
+from pytest_vllm_mem.memory.gpu import NvmlProbe
+from pytest_vllm_mem.memory.nvml import NvmlUnavailable, nvml_session
 
 __all__ = ["detect_device", "detect_devices", "gpus_used", "make_probe", "server_devices", "wait_for_free_memory"]
 

@@ -14,7 +14,7 @@ from typing import Literal
 
 import psutil
 
-from .device import DeviceInfo
+from pytest_vllm_mem.memory.device import DeviceInfo
 
 __all__ = ["ProcessTreeProbe", "cpu_device", "cpu_memory_node", "cpu_model_name", "cpu_node_memory"]
 

@@ -6,9 +6,9 @@ import threading
 from collections.abc import Collection, Sequence
 from typing import Any, Literal
 
-from .device import DeviceError, DeviceInfo, ProbeReadError
-from .nvml import Nvml, NvmlError, ResolvedDevice
-from .process_tree import process_name
+from pytest_vllm_mem.memory.device import DeviceError, DeviceInfo, ProbeReadError
+from pytest_vllm_mem.memory.nvml import Nvml, NvmlError, ResolvedDevice
+from pytest_vllm_mem.memory.process_tree import process_name
 
 __all__ = ["NvmlProbe"]
 

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from .device import DeviceError, DeviceInfo
+from pytest_vllm_mem.memory.device import DeviceError, DeviceInfo
 
 __all__ = ["Nvml", "NvmlError", "NvmlUnavailable", "ResolvedDevice", "device_count", "nvml_session"]
 

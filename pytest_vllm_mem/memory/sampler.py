@@ -10,8 +10,8 @@ from array import array
 from collections.abc import Collection
 from types import TracebackType
 
-from .device import MemoryProbe, ProbeReadError
-from .process_tree import process_tree
+from pytest_vllm_mem.memory.device import MemoryProbe, ProbeReadError
+from pytest_vllm_mem.memory.process_tree import process_tree
 
 __all__ = ["MemorySampler"]
 

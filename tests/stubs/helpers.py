@@ -37,7 +37,7 @@ def seed_flag_table(cache_dir: Path) -> Path:
     """Write the stub interpreter's flag table where flagcheck looks for it, so that a stub session never imports
     vLLM (which takes seconds and needs vLLM installed). Without the seed the stub delegates `-c` to the real
     interpreter, which still works, only slower."""
-    from pytest_vllm_mem.flagcheck import _TABLE_FORMAT, _install_fingerprint
+    from pytest_vllm_mem.launch.flagcheck import _TABLE_FORMAT, _install_fingerprint
 
     ensure_stub_executable()
     cache_dir.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """Score a diagnose module on this corpus: python tests/data/logs/score.py [path/to/diagnose.py] [-v]
 
-Without a path it scores the working tree's pytest_vllm_mem/diagnose.py. To score an older version:
-    git show <commit>:pytest_vllm_mem/diagnose.py > /tmp/old_diagnose.py
+Without a path it scores the working tree's pytest_vllm_mem/diagnosis/diagnose.py. To score an older version:
+    git show <commit>:pytest_vllm_mem/diagnosis/diagnose.py > /tmp/old_diagnose.py
     python tests/data/logs/score.py /tmp/old_diagnose.py
 A module from before phases existed is given the phase its summary names ("while profiling", ...; weights_too_large
 counts as loading_weights), so the phase figure compares like with like.

@@ -1,0 +1,1 @@
+"""`python -m pytest_vllm_mem`: the tune and plan commands without pytest."""

@@ -1,0 +1,1053 @@
+"""Read a vLLM server log: the memory figures it printed at startup, and why a start (or a run) failed.
+
+Pure text parsing: every function takes the log text it needs and does no I/O. The patterns match stable
+fragments of vLLM's own messages (0.4 through 0.3x, V0 and V1 engines) rather than whole lines, so small wording
+changes between versions do not break them; numbers are read from the message, never assumed. An out-of-memory
+error is placed in the startup phase its own traceback shows (weight loading, profiling, KV cache allocation, CUDA
+graph capture, sampler warm-up, wake-up, serving), not guessed from which progress lines are missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import signal
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_vllm_mem.kinds import LOG_FAILURE_KINDS, FailureKind
+
+# The kinds a log shows; kinds.FAILURE_KINDS adds those the plugin decides from figures (tier_exceeded, ...).
+FAILURE_KINDS = LOG_FAILURE_KINDS
+
+# Where a start failed, in the order vLLM starts ("device_check": the free-memory check before loading); bad_flag
+# failures are "usage" (how the model was given) or "arguments" (a flag or value).
+PHASES = (
+    "device_check",
+    "loading_weights",
+    "profiling",
+    "kv_cache_allocation",
+    "graph_capture",
+    "sampler_warmup",
+    "wake_up",
+    "serving",
+)
+
+MAX_ROOT_CAUSE_LINES = 5
+
+# --- prefixes -------------------------------------------------------------------------------------------------
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+# vLLM's own record header: "INFO 11-30 04:55:40 [core.py:1510] " (0.8+) or "INFO 06-28 23:40:03 api_server.py:206] "
+_HEADER = re.compile(
+    r"(?:^|(?<=[\s|*)\]]))(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+\d{2}-\d{2}\s+\d{2}:\d{2}:\d{2}"
+    r"(?:[.,]\d+)?(?:\s+(?:\[[^\]]*\]|[\w./-]+:\d+\]))?\s?"
+)
+# Anything before the header is a prefix: "(EngineCore pid=1) ", docker "vllm-1  | ", CI "[2026-01-28T23:59:42Z] ".
+_HEADER_WITHIN = 200
+# A process prefix without a header (raw stderr of a worker): "(EngineCore pid=79) ", "(RayWorkerWrapper pid=5, ip=..) "
+_PROCESS_PREFIX = re.compile(r"\((?:[A-Za-z_][\w\-]*)(?: rank=\d+)? pid=\d+(?:, ip=[^)]*)?\)\s?")
+# uvicorn's "INFO:     Started server process [10552]"; torch.distributed's "[rank0]: "
+_UVICORN_PREFIX = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?|^\[[\w./-]+\.py:\d+\]\s")  # or a header cut to "[file.py:12] "
+_QUIET_LEVELS = frozenset({"DEBUG", "INFO", "WARNING", "WARN"})
+_C10_WARNING = re.compile(r"^\[W\d{4} ")  # torch's C++ warnings: "[W1130 04:55:33.27 utils.cpp:68] Warning: ..."
+
+
+def strip_ansi(text: str) -> str:
+    """Remove terminal color codes (vLLM 0.10 colored the process prefix even when writing to a file)."""
+    return _ANSI.sub("", text)
+
+
+def _split_prefix(line: str) -> tuple[str | None, str]:
+    """(log level or None, message) of one raw log line."""
+    text = strip_ansi(line)
+    header = _HEADER.search(text, 0, _HEADER_WITHIN + 40)
+    if header and header.start() <= _HEADER_WITHIN:
+        return header.group("level"), text[header.end() :].rstrip()
+    process = _PROCESS_PREFIX.search(text, 0, _HEADER_WITHIN)
+    if process:
+        text = text[process.end() :]
+    text = _RANK_PREFIX.sub("", text, count=1)
+    match = _UVICORN_PREFIX.match(text)
+    if match:
+        return match.group("level"), text[match.end() :].rstrip()
+    return None, text.rstrip()
+
+
+def strip_log_prefix(line: str) -> str:
+    """`(EngineCore pid=1) ERROR 11-30 04:55:40 [core.py:1510] msg` -> `msg` (indentation of the message kept)."""
+    return _split_prefix(line)[1]
+
+
+@dataclass(frozen=True)
+class _Line:
+    index: int
+    level: str | None
+    text: str
+
+    @property
+    def may_be_error(self) -> bool:
+        # INFO/WARNING lines echo flags and hints ("non-default args: {...}", "to avoid OOM"): never a cause.
+        return self.level not in _QUIET_LEVELS and not _C10_WARNING.match(self.text)
+
+
+def _records(raw: str) -> list[str]:
+    """One raw line, split where a pasted log joined several vLLM records with spaces (the second header on)."""
+    clean = strip_ansi(raw)
+    headers = [m.start() for m in _HEADER.finditer(clean)]
+    if len(headers) < 2:
+        return [raw]
+    cuts = [0, *headers[1:]]
+    return [clean[start:end] for start, end in zip(cuts, [*cuts[1:], len(clean)])]
+
+
+def _lines(log_text: str) -> list[_Line]:
+    lines: list[_Line] = []
+    for raw in log_text.splitlines():
+        for record in _records(raw):
+            lines.append(_Line(len(lines), *_split_prefix(record)))
+    return lines
+
+
+# --- startup figures ------------------------------------------------------------------------------------------
+
+_NUM = r"-?\d+(?:\.\d+)?"
+_INT = r"\d[\d,]*"
+
+
+@dataclass(frozen=True)
+class StartupMemory:
+    """What vLLM printed about its memory while starting; a field is None when the installed vLLM did not print it.
+
+    GPU totals (device_total_gib, requested_gib, startup_free_gib, non_kv_gib, graph pool) come from the GPU worker's
+    summary lines (0.10+), or from the V0 engine's memory profiling lines; on the CPU from the KV cache sizing line.
+    """
+
+    vllm_version: str | None = None
+    weights_gib: float | None = None
+    weights_load_s: float | None = None
+    kv_cache_gib: float | None = None
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    max_concurrency_tokens: int | None = None
+    graph_capture_gib: float | None = None
+    graph_capture_s: float | None = None
+    engine_init_s: float | None = None
+    non_kv_gib: float | None = None
+    requested_gib: float | None = None
+    device_total_gib: float | None = None
+    gpu_memory_utilization: float | None = None
+    startup_free_gib: float | None = None
+    activation_peak_gib: float | None = None
+    graph_pool_gib: float | None = None
+    graph_pool_estimate_gib: float | None = None
+    suggested_utilization: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_ENGINE_VERSION = re.compile(r"Initializing an? (?:V[01] )?LLM engine \(v(\d+\.\d+[^)\s]*)\)")
+# The 0.3x banner ("... version 0.32.0") and 0.10's "vLLM API server version 0.10.2".
+_BANNER_VERSION = re.compile(r"\bversion\s+v?(\d+\.\d+(?:\.\d+)?[\w.+\-]*)")
+_WEIGHTS = re.compile(rf"Model loading took\s+({_NUM})\s*GiB(?:\s+memory)?\s+and\s+({_NUM})\s*s")
+_WEIGHTS_OLD = re.compile(rf"Loading model weights took\s+({_NUM})\s*GB")  # V0 engine wording
+_KV_GIB = re.compile(rf"Available KV cache memory:\s*({_NUM})\s*GiB")
+_CPU_KV = re.compile(rf"(?:Auto|Explicitly) set \(({_NUM})/({_NUM})\) GiB for KV cache")
+_CPU_REQUESTED = re.compile(rf"with ({_NUM}) GiB requested memory for the worker")
+_CPU_NON_KV = re.compile(rf"({_NUM}) GiB memory was consumed by non-kv usages")
+_KV_TOKENS = re.compile(rf"KV cache size:\s*({_INT})\s*tokens")
+_CONCURRENCY = re.compile(rf"Maximum concurrency for\s*({_INT})\s*tokens per request:\s*({_NUM})x")
+_GRAPHS = re.compile(rf"Graph capturing finished in\s*({_NUM})\s*secs?,\s*took\s*({_NUM})\s*GiB")
+_ENGINE_INIT = re.compile(rf"init engine \(profile, create kv cache, warmup model\) took\s*({_NUM})\s*s")
+# gpu_worker.py (0.10+), after graph capture: "Free memory on device (F/T GiB) on startup. Desired GPU memory
+# utilization is (U, R GiB). Actual usage is C GiB for consumed memory (weights + non-torch), P GiB for peak
+# activation, and G GiB for CUDAGraph memory. ..."
+_GPU_TOTALS = re.compile(
+    rf"Free memory on device\s*\S*\s*\(({_NUM})/({_NUM}) GiB\) on startup\. Desired GPU memory utilization is "
+    rf"\(({_NUM}), ({_NUM}) GiB\)\.(?: Actual usage is ({_NUM}) GiB for consumed memory \(weights \+ non-torch\), "
+    rf"({_NUM}) GiB for peak activation, and ({_NUM}) GiB for CUDAGraph memory)?"
+)
+_GRAPH_POOL = re.compile(rf"CUDA graph pool memory:\s*({_NUM}) GiB \(actual\),\s*({_NUM}) GiB \(estimated\)")
+_GRAPH_ESTIMATE = re.compile(rf"Estimated CUDA graph memory:\s*({_NUM}) GiB total")
+# "CUDA graph memory profiling is enabled ... The current --gpu-memory-utilization=0.9200 is equivalent to ...
+# increase --gpu-memory-utilization to 0.9271." / "... is disabled ... increasing --gpu-memory-utilization from U to S."
+_GRAPH_PROFILING = re.compile(
+    rf"CUDA graph memory profiling is (?:enabled|disabled).*?(?:The current --gpu-memory-utilization=({_NUM})"
+    rf".*?increase --gpu-memory-utilization to ({_NUM})|increasing --gpu-memory-utilization from ({_NUM}) to "
+    rf"({_NUM}))"
+)
+# V0 engine (0.6.5-0.8): "the current vLLM instance can use total_gpu_memory (44.53GiB) x gpu_memory_utilization
+# (0.98) = 43.64GiB" / "model weights take 20.64GiB; non_torch_memory takes 0.28GiB; PyTorch activation peak memory
+# takes 1.52GiB; the rest of the memory reserved for KV Cache is 21.20GiB."
+_V0_BUDGET = re.compile(rf"total_gpu_memory \(({_NUM}) ?GiB\) x gpu_memory_utilization \(({_NUM})\) = ({_NUM}) ?GiB")
+_V0_SPLIT = re.compile(
+    rf"model weights take ({_NUM}) ?GiB; non_torch_memory takes ({_NUM}) ?GiB; PyTorch activation peak memory "
+    rf"takes ({_NUM}) ?GiB; the rest of the memory reserved for KV Cache is ({_NUM}) ?GiB"
+)
+# V0 0.6.4: "Memory profiling results: total_gpu_memory=23.58GiB ... kv_cache_size=2.89GiB gpu_memory_utilization=0.90"
+_V0_RESULTS = re.compile(
+    rf"Memory profiling results: total_gpu_memory=({_NUM}) ?GiB.*?kv_cache_size=({_NUM}) ?GiB "
+    rf"gpu_memory_utilization=({_NUM})"
+)
+
+
+def _int(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+# A pattern's groups, in order, as StartupMemory fields: (field name, cast of the group's text).
+_Fields = tuple[tuple[str, Callable[[str], Any]], ...]
+# The figures vLLM prints on the lines that mark startup progress (weights, KV cache, graph capture, engine init),
+# read by parse_startup_memory from a whole log and by line_figures (the live progress) one line at a time. Each
+# entry lists the wordings of one figure line, preferred first: a later wording is read only when the earlier is not.
+_LINE_FIGURES: tuple[tuple[tuple[re.Pattern[str], _Fields], ...], ...] = (
+    ((_WEIGHTS, (("weights_gib", float), ("weights_load_s", float))), (_WEIGHTS_OLD, (("weights_gib", float),))),
+    # GPU prints the pool in GiB; the CPU worker prints "(kv/node total) GiB for KV cache" instead.
+    ((_KV_GIB, (("kv_cache_gib", float),)), (_CPU_KV, (("kv_cache_gib", float), ("device_total_gib", float)))),
+    ((_KV_TOKENS, (("kv_cache_tokens", _int),)),),
+    ((_GRAPHS, (("graph_capture_s", float), ("graph_capture_gib", float))),),
+    ((_ENGINE_INIT, (("engine_init_s", float),)),),
+)
+
+
+def _fill(values: dict[str, Any], match: re.Match[str], fields: _Fields) -> None:
+    """Set the fields `match`'s groups give, except those already set (the first occurrence wins)."""
+    for group, (name, cast) in enumerate(fields, start=1):
+        if match.group(group) is not None and name not in values:
+            values[name] = cast(match.group(group))
+
+
+def line_figures(text: str) -> dict[str, float | int]:
+    """The startup figures one log line states (its message, see strip_log_prefix), by StartupMemory field name:
+    weights_gib, weights_load_s, kv_cache_gib (and the CPU node's device_total_gib), kv_cache_tokens,
+    graph_capture_s, graph_capture_gib, engine_init_s. Empty for a line that states none."""
+    figures: dict[str, float | int] = {}
+    for wordings in _LINE_FIGURES:
+        for pattern, fields in wordings:
+            match = pattern.search(text)
+            if match:
+                _fill(figures, match, fields)
+                break
+    return figures
+
+
+def _first(lines: Iterable[_Line], pattern: re.Pattern[str]) -> re.Match[str] | None:
+    for line in lines:
+        match = pattern.search(line.text)
+        if match:
+            return match
+    return None
+
+
+def parse_startup_memory(log_text: str) -> StartupMemory:
+    """The startup memory figures in a vLLM log (first occurrence of each; tensor-parallel ranks print alike)."""
+    lines = _lines(log_text)
+    values: dict[str, Any] = {}
+
+    def grab(pattern: re.Pattern[str], *fields: tuple[str, Callable[[str], Any]]) -> bool:
+        match = _first(lines, pattern)
+        if match:
+            _fill(values, match, fields)
+        return match is not None
+
+    grab(_ENGINE_VERSION, ("vllm_version", str)) or grab(_BANNER_VERSION, ("vllm_version", str))
+    for wordings in _LINE_FIGURES:
+        any(grab(pattern, *fields) for pattern, fields in wordings)  # the first wording the log has
+    grab(_CPU_REQUESTED, ("requested_gib", float))
+    grab(_CPU_NON_KV, ("non_kv_gib", float))
+    grab(_CONCURRENCY, ("max_concurrency_tokens", _int), ("max_concurrency", float))
+    totals = _first(lines, _GPU_TOTALS)
+    if totals:
+        free, total, utilization, requested = (float(totals.group(i)) for i in range(1, 5))
+        values.update(
+            startup_free_gib=free, device_total_gib=total, gpu_memory_utilization=utilization, requested_gib=requested
+        )
+        if totals.group(5) is not None:
+            consumed, peak, graphs = (float(totals.group(i)) for i in range(5, 8))
+            values.update(
+                non_kv_gib=round(consumed + peak + graphs, 2), activation_peak_gib=peak, graph_pool_gib=graphs
+            )
+    grab(_GRAPH_POOL, ("graph_pool_gib", float), ("graph_pool_estimate_gib", float))
+    grab(_GRAPH_ESTIMATE, ("graph_pool_estimate_gib", float))
+    profiling = _first(lines, _GRAPH_PROFILING)
+    if profiling:
+        current = profiling.group(1) or profiling.group(3)
+        values.setdefault("gpu_memory_utilization", float(current))
+        values["suggested_utilization"] = float(profiling.group(2) or profiling.group(4))
+    budget = _first(lines, _V0_BUDGET)
+    if budget:
+        values.setdefault("device_total_gib", float(budget.group(1)))
+        values.setdefault("gpu_memory_utilization", float(budget.group(2)))
+        values.setdefault("requested_gib", float(budget.group(3)))
+    split = _first(lines, _V0_SPLIT)
+    if split:
+        weights, non_torch, peak, kv = (float(split.group(i)) for i in range(1, 5))
+        values.setdefault("weights_gib", weights)
+        values.setdefault("activation_peak_gib", peak)
+        values.setdefault("non_kv_gib", round(weights + non_torch + peak, 2))
+        values.setdefault("kv_cache_gib", kv)
+    results = _first(lines, _V0_RESULTS)
+    if results:
+        values.setdefault("device_total_gib", float(results.group(1)))
+        values.setdefault("kv_cache_gib", float(results.group(2)))
+        values.setdefault("gpu_memory_utilization", float(results.group(3)))
+    return StartupMemory(**values)
+
+
+# --- failures -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """Why a vLLM server failed: `kind` is one of FAILURE_KINDS, `phase` one of PHASES (or "usage"/"arguments" for
+    bad_flag, None when the log does not show it), `figures` the numbers read from the error."""
+
+    kind: FailureKind
+    summary: str
+    root_cause: tuple[str, ...] = ()
+    figures: dict[str, float] = field(default_factory=dict)
+    phase: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "summary": self.summary,
+            "root_cause": list(self.root_cause),
+            "figures": dict(self.figures),
+            "phase": self.phase,
+        }
+
+
+# Stable fragments of each failure. Checked on error lines only (see _Line.may_be_error).
+_BAD_FLAG = re.compile(r"\berror: (?:unrecognized arguments:|argument -)|\d+ validation errors? for \w+")
+_USAGE = re.compile(
+    r"you should provide the model as a positional argument|`model` should be provided as the first positional"
+    r"|No model specified!|the following arguments are required: model_tag"
+)
+_FREE_MEMORY = re.compile(
+    r"Free memory on device.*on startup is less than (?:desired GPU memory utilization|the engine's budget)"
+)
+_EXTERNAL_WEIGHTS = re.compile(r"Externally held weights on device.*exceed the\s+desired GPU memory utilization")
+_PROFILING_ERROR = re.compile(r"Error in memory profiling\.")
+_WEIGHTS_OOM = re.compile(r"Failed to load model - not enough GPU memory")
+_KV_INSUFFICIENT = re.compile(
+    r"No available memory for the cache blocks|KV cache is needed, which is larger than the available KV cache memory"
+    r"|max seq len \(\d+\) is larger than the maximum number of tokens that can be stored in KV cache"
+    r"|To serve at least one request with the models?'s? max seq len"  # the start survives a wrapped terminal
+)
+# torch's allocator ("CUDA out of memory. Tried to allocate"), the runtime ("CUDA error: out of memory"), the driver
+# API behind expandable segments and cumem ("CUDA driver error: out of memory", "CUDA Error: out of memory at"),
+# older torch ("cuda runtime error (2) : out of memory"), cuBLAS, and the other accelerators.
+_DEVICE_OOM = re.compile(
+    r"\b(?:CUDA|HIP|XPU|NPU) out of memory|OutOfMemoryError|CUDA (?:driver )?error: out of memory"
+    r"|cuda runtime error \(2\) : out of memory|CUBLAS_STATUS_ALLOC_FAILED",
+    re.IGNORECASE,
+)
+_HOST_OOM = re.compile(
+    r"on kv cache\s*allocation is less than requested memory for kv|Cannot allocate memory|std::bad_alloc"
+    r"|reserved for it on node \d+, leaving none\s*for the KV cache"
+    r"|DefaultCPUAllocator: can't allocate memory|(?<![A-Za-z])MemoryError\b"
+)
+
+# Lines that only point elsewhere ("see root cause above"): never the root cause themselves.
+_GENERIC = re.compile(
+    r"Engine core initialization failed|EngineCore failed to start|WorkerProc hit an exception|WorkerProc failed"
+    r"|EngineDeadError|See stack trace \(above\)|died unexpectedly|output_handler failed|^Traceback \(most recent"
+    r"|During handling of the above exception|The above exception was the direct cause|EngineCore hit an exception"
+    r"|WorkerProc initialization failed due to an exception in a background process"
+)
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)\b(?::|$)")
+# V0 multiproc workers: "Exception in worker VllmWorkerProcess while processing method init_device: <message>, ..."
+_WORKER_EXCEPTION = re.compile(
+    r"Exception in worker \S+ while processing method (\w+): (.*?)(?:, Traceback \(most recent call last\):)?$"
+)
+# Lines that say nothing about progress or cause: progress bars, traceback frames, Python warnings, leak reports.
+_NOISE = re.compile(
+    r"\d+%\||it/s\]|s/it\]|^\s|^Traceback \(most recent|^\S+:\d+: \w*Warning:|^nanobind:|^- (?:leaked|\.\.\.)"
+    r"|^See https://nanobind"
+)
+
+
+def _core_message(text: str) -> str:
+    """The message of `SomeError: message`, for spotting a re-raise that quotes an earlier error."""
+    stripped = text.strip().strip("*")
+    head, sep, rest = stripped.partition(": ")
+    if sep and _EXCEPTION_LINE.match(head + ":"):
+        stripped = rest
+    return stripped.strip("'\" .")
+
+
+def _dedupe(texts: Iterable[str], limit: int = MAX_ROOT_CAUSE_LINES) -> tuple[str, ...]:
+    """Distinct lines in order; a line quoting an earlier one (a re-raise across processes) is dropped."""
+    kept: list[str] = []
+    cores: list[str] = []
+    for text in texts:
+        text = text.strip()
+        core = _core_message(text)
+        if not text or any(core in seen or seen in core for seen in cores if seen):
+            continue
+        kept.append(text)
+        cores.append(core)
+        if len(kept) >= limit:
+            break
+    return tuple(kept)
+
+
+_UNIT_IN_GIB = {"B": 1 / 1024**3, "KiB": 1 / 1024**2, "MiB": 1 / 1024, "GiB": 1.0, "TiB": 1024.0}
+
+
+def _gib(value: str, unit: str) -> float:
+    return round(float(value) * _UNIT_IN_GIB[unit], 6)
+
+
+_SIZE = r"(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB)"
+_TRIED = re.compile(rf"Tried to allocate {_SIZE}")
+# torch 2.x: "GPU 0 has a total capacity of 23.55 GiB of which 301.44 MiB is free. ... this process has 23.24 GiB
+# memory in use" (or "Process 1234 has ..."); torch 1.x/2.0: "(GPU 0; 44.56 GiB total capacity; ...; 565.31 MiB free"
+_TOTAL_CAPACITY = re.compile(rf"total capacity of {_SIZE}|{_SIZE} total capacity")
+_FREE_NOW = re.compile(rf"of which {_SIZE} is free|; {_SIZE} free;")
+_PROCESS_USES = re.compile(rf"this process has {_SIZE} memory in use|Process \d+ has {_SIZE} memory in use")
+_DUMMY_REQUESTS = re.compile(r"warming up (?:sampler|pooler) with (\d+) dummy requests")
+
+
+def _size_match(match: re.Match[str]) -> float:
+    groups = [g for g in match.groups() if g is not None]
+    return _gib(groups[0], groups[1])
+
+
+def _oom_figures(text: str) -> dict[str, float]:
+    figures: dict[str, float] = {}
+    for name, pattern in (
+        ("tried_allocate_gib", _TRIED),
+        ("device_total_gib", _TOTAL_CAPACITY),
+        ("free_gib", _FREE_NOW),
+    ):
+        match = pattern.search(text)
+        if match:
+            figures[name] = _size_match(match)
+    # "this process has" is the failing process; "Process N has" lines also name others: the largest is the failing
+    # worker's own in vLLM's one-process-per-GPU layout.
+    uses = [_size_match(m) for m in _PROCESS_USES.finditer(text)]
+    if uses:
+        figures["process_used_gib"] = max(uses)
+    requests = _DUMMY_REQUESTS.search(text)
+    if requests:
+        figures["dummy_requests"] = float(requests.group(1))
+    return figures
+
+
+def _format_size(gib: float) -> str:
+    return f"{gib * 1024:.2f} MiB" if abs(gib) < 1 else f"{gib:.2f} GiB"
+
+
+# Startup milestones in the order vLLM reaches them: the last one seen tells how far a start got (STARTUP_PHASES
+# names them; startup_milestone reads them).
+_MILESTONES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"Initializing a V1 LLM engine|Initializing an LLM engine"), "initializing the engine"),
+    (re.compile(r"Starting to load model|Loading (?:safetensors|pt) checkpoint shards"), "loading the weights"),
+    (
+        re.compile(r"Model loading took|Loading weights took|Loading model weights took"),
+        "profiling memory (compile and dummy forward pass)",
+    ),
+    # The pool is sized ("Available KV cache memory", "KV cache size") before the tensors are allocated.
+    (
+        re.compile(r"Available KV cache memory|GiB for KV cache|KV cache size:|# GPU blocks:|Memory profiling takes"),
+        "allocating the KV cache",
+    ),
+    # tqdm bar: 0.10 "graph shapes", 0.3x "graphs ("; V0: "Capturing cudagraphs for decoding", "Capturing the model"
+    (
+        re.compile(r"Capturing CUDA graph|Capturing cudagraphs|Capturing the model for CUDA graphs"),
+        "capturing CUDA graphs",
+    ),
+    (re.compile(r"Graph capturing finished"), "warming up"),
+    (re.compile(r"init engine \(profile, create kv cache, warmup model\)"), "starting the API server"),
+    (re.compile(r"Application startup complete|Starting vLLM (?:API )?server on"), "serving"),
+)
+STARTUP_PHASES: tuple[str, ...] = tuple(name for _, name in _MILESTONES)
+PRE_STARTUP_PHASE = "starting the API server process"  # what a start is doing before its first milestone
+
+
+def startup_milestone(text: str, after: int = -1) -> int | None:
+    """The index in STARTUP_PHASES of the latest milestone one log line (its message, see strip_log_prefix) marks,
+    among those after `after`; None when it marks none of them."""
+    for index in range(len(_MILESTONES) - 1, after, -1):
+        if _MILESTONES[index][0].search(text):
+            return index
+    return None
+
+
+# The phase a milestone's *next* step belongs to, for an OOM whose traceback names no phase.
+_STAGE_PHASE = {
+    "loading the weights": "loading_weights",
+    "profiling memory (compile and dummy forward pass)": "profiling",
+    "allocating the KV cache": "kv_cache_allocation",
+    "capturing CUDA graphs": "graph_capture",
+    "warming up": "sampler_warmup",
+    "starting the API server": "serving",
+    "serving": "serving",
+}
+# Traceback frames and messages that name a phase, most specific first: a profile run calls the sampler warm-up, a
+# capture calls the model, and every startup RPC of a V1 worker runs in worker_busy_loop.
+_PHASE_EVIDENCE: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("sampler_warmup", re.compile(r"_dummy_sampler_run|_dummy_pooler_run|warming up (?:sampler|pooler)")),
+    (
+        "graph_capture",
+        re.compile(
+            r"\bcapture_model\b|_capture_cudagraphs|\bcapture_end\b|torch\.cuda\.graph\(|_warmup_and_capture"
+            r"|CUDAGraphRunner|\bprofile_cudagraph_memory\b"
+        ),
+    ),
+    (
+        "kv_cache_allocation",
+        re.compile(
+            r"\binitialize_kv_cache\w*|_allocate_kv_cache|_init_cache_engine|\binitialize_cache\b"
+            r"|\binitialize_from_config\b|\bCacheEngine\b"
+        ),
+    ),
+    ("profiling", re.compile(r"\bprofile_run\b|\bdetermine_available_memory\b|\bdetermine_num_available_blocks\b")),
+    (
+        "loading_weights",
+        re.compile(
+            r"\bload_model\b|\bload_weights\b|\bcreate_weights\b|\bget_model\b|\b_initialize_model\b|\bmake_layers\b"
+            r"|\bprocess_weights_after_loading\b|\b\w+_repack\b"  # weight post-processing (quantized kernels' layout)
+            r"|Failed to load model|Failed to create \w+ \w* ?weights"
+        ),
+    ),
+    ("wake_up", re.compile(r"\bwake_up\b|\bcreate_and_map\b")),
+    (
+        "serving",
+        re.compile(
+            r"\bengine_step\b|\brun_engine_loop\b|\brun_busy_loop\b|\bstep_with_batch_queue\b|_process_engine_step"
+            r"|\bstart_worker_execution_loop\b|\boutput_handler\b"  # AsyncLLM's output loop runs once requests come in
+            r"|EngineCore encountered a fatal error"
+        ),
+    ),
+)
+_PHASE_WORDS = {
+    "loading_weights": "while loading the weights",
+    "profiling": "while profiling (the dummy forward pass that sizes the KV cache)",
+    "kv_cache_allocation": "while allocating the KV cache",
+    "graph_capture": "while capturing CUDA graphs",
+    "sampler_warmup": "while warming up the sampler",
+    "wake_up": "while waking up from sleep mode",
+    "serving": "while serving requests",
+}
+
+
+def phase_words(phase: str | None) -> str | None:
+    """A phase as a failure message says it ("while allocating the KV cache"); None for one without words."""
+    return _PHASE_WORDS.get(phase) if phase else None
+
+
+def _stage_before(lines: Sequence[_Line], end: int) -> str:
+    """The phase of the last milestone line before `end` (a line that re-logs an earlier milestone counts)."""
+    stage = PRE_STARTUP_PHASE
+    for line in lines[:end]:
+        index = startup_milestone(line.text)
+        if index is not None:
+            stage = STARTUP_PHASES[index]
+    return stage
+
+
+def _traceback_phase(lines: Sequence[_Line]) -> str | None:
+    """The most specific phase the error lines and traceback frames name, or None."""
+    texts = [entry.text for entry in lines if entry.may_be_error]
+    for phase, pattern in _PHASE_EVIDENCE:
+        if any(pattern.search(text) for text in texts):
+            return phase
+    return None
+
+
+_READY = re.compile(r"Application startup complete|Starting vLLM (?:API )?server on|init engine \(profile, create kv")
+
+
+def _oom_phase(lines: Sequence[_Line], hit: _Line, running: bool = False) -> str | None:
+    """The traceback's phase; else the step after the last startup milestone logged before the error; else None.
+
+    Once the engine was up, tracebacks printed before that (a startup hiccup vLLM survived) cannot explain the error.
+    """
+    ready = [entry.index for entry in lines[: hit.index] if _READY.search(entry.text)]
+    scope = lines[ready[-1] :] if ready else lines
+    found = _traceback_phase(scope) or _STAGE_PHASE.get(_stage_before(lines, hit.index))
+    return found or ("serving" if running else None)
+
+
+def _related(lines: Sequence[_Line], pattern: re.Pattern[str]) -> list[str]:
+    return [entry.text for entry in lines if entry.may_be_error and pattern.search(entry.text)]
+
+
+def _following(lines: Sequence[_Line], hit: _Line, count: int = 3) -> str:
+    """The hit line and the next few, joined: reporters and terminals wrap long messages."""
+    return " ".join(entry.text.strip() for entry in lines[hit.index : hit.index + count])
+
+
+def _device_oom(lines: Sequence[_Line], hit: _Line, running: bool = False) -> Diagnosis:
+    texts = _related(lines, _DEVICE_OOM) + _related(lines, _WEIGHTS_OOM)
+    figures = _oom_figures(" ".join([*texts, _following(lines, hit, 8)]))
+    tried = ""
+    if "tried_allocate_gib" in figures:
+        tried = f" (tried to allocate {_format_size(figures['tried_allocate_gib'])})"
+    phase = _oom_phase(lines, hit, running)
+    if phase == "loading_weights":
+        used = figures.get("process_used_gib")
+        total = figures.get("device_total_gib")
+        detail = f": {used:.2f} of {total:.2f} GiB in use" if used is not None and total is not None else tried
+        return Diagnosis(
+            "weights_too_large",
+            f"the model weights do not fit in device memory{detail}",
+            _dedupe(_related(lines, _WEIGHTS_OOM) + _related(lines, _DEVICE_OOM)),
+            figures,
+            phase,
+        )
+    if phase is None:
+        where = " (the log does not show in which phase)"
+    else:
+        where = " " + _PHASE_WORDS[phase]
+        if phase == "sampler_warmup" and "dummy_requests" in figures:
+            where += f" with {int(figures['dummy_requests'])} dummy requests"
+    return Diagnosis(
+        "cuda_oom",
+        f"vLLM ran out of device memory{where}{tried}",
+        _dedupe(_related(lines, _DEVICE_OOM)),
+        figures,
+        phase,
+    )
+
+
+_KV_NEEDED = re.compile(
+    rf"max seq len \(({_INT})\),\s*\(?({_NUM}) GiB KV cache is needed, which is larger than the available KV cache"
+    rf" memory \(({_NUM}) GiB\)"
+)
+_KV_ESTIMATE = re.compile(rf"estimated maximum model length is ({_INT})", re.IGNORECASE)
+# V0 engine (0.4-0.8): the pool measured in tokens, on GPU and (with VLLM_CPU_KVCACHE_SPACE in the hint) on CPU.
+_KV_TOKENS_SHORT = re.compile(
+    rf"max seq len \(({_INT})\) is larger than the maximum number of tokens that can be stored in KV cache "
+    rf"\(\s*({_INT})\s*\)"
+)
+
+
+def _kv_insufficient(lines: Sequence[_Line], hit: _Line) -> Diagnosis:
+    related = _related(lines, _KV_INSUFFICIENT)
+    joined = " ".join([*related, _following(lines, hit)])
+    figures: dict[str, float] = {}
+    needed = _KV_NEEDED.search(joined)
+    if needed:
+        figures["max_model_len"] = float(_int(needed.group(1)))
+        figures["needed_gib"] = float(needed.group(2))
+        figures["available_gib"] = float(needed.group(3))
+    estimate = _KV_ESTIMATE.search(joined)
+    if estimate:
+        figures["estimated_max_model_len"] = float(_int(estimate.group(1)))
+    short = _KV_TOKENS_SHORT.search(joined)
+    graph = _first(lines, _GRAPH_ESTIMATE)
+    if graph:
+        figures["graph_estimate_gib"] = float(graph.group(1))
+    if "VLLM_CPU_KVCACHE_SPACE" in joined:
+        figures["cpu_backend"] = 1.0
+    if short:
+        length, capacity = float(_int(short.group(1))), float(_int(short.group(2)))
+        figures.update(max_model_len=length, kv_cache_tokens=capacity)
+        memory = parse_startup_memory("\n".join(entry.text for entry in lines))
+        if memory.kv_cache_gib is not None and capacity > 0:
+            # The pool holds `capacity` tokens in kv_cache_gib: one max_model_len sequence needs that in proportion.
+            figures["available_gib"] = memory.kv_cache_gib
+            figures["needed_gib"] = round(memory.kv_cache_gib * length / capacity, 2)
+        summary = (
+            f"the KV cache holds {int(capacity):,} tokens, fewer than one {int(length):,}-token sequence "
+            "(max_model_len)"
+        )
+    elif "No available memory for the cache blocks" in joined:
+        kv = _first(lines, _KV_GIB)
+        if kv:
+            figures["available_gib"] = float(kv.group(1))
+        shown = f" ({figures['available_gib']:.2f} GiB)" if "available_gib" in figures else ""
+        summary = f"no memory was left for the KV cache{shown} after weights, activations and graphs"
+        if graph:
+            summary += f" (vLLM reserved {figures['graph_estimate_gib']:.2f} GiB for its CUDA graph estimate)"
+    elif needed:
+        summary = (
+            f"the KV cache ({figures['available_gib']:.2f} GiB) cannot hold one "
+            f"{int(figures['max_model_len']):,}-token sequence (needs {figures['needed_gib']:.2f} GiB)"
+        )
+        if estimate:
+            summary += f"; vLLM estimates a maximum model length of {int(figures['estimated_max_model_len']):,}"
+    else:
+        summary = "the KV cache cannot hold one sequence of max_model_len tokens"
+    return Diagnosis("kv_cache_insufficient", summary, _dedupe(related), figures, "kv_cache_allocation")
+
+
+_FREE_FIGURES = re.compile(
+    rf"Free memory on device\s*(\S*)\s*\(({_NUM})/({_NUM}) GiB\) on startup is less than"
+    rf"[^(]*\(({_NUM}), ({_NUM}) GiB\)"
+)
+
+
+def _free_memory(lines: Sequence[_Line], hit: _Line) -> Diagnosis:
+    related = _related(lines, _FREE_MEMORY)
+    match = _FREE_FIGURES.search(" ".join(related))
+    figures: dict[str, float] = {}
+    summary = "less device memory was free at startup than gpu_memory_utilization asks for"
+    if match:
+        device = match.group(1) or "the device"
+        figures = {
+            "free_gib": float(match.group(2)),
+            "device_total_gib": float(match.group(3)),
+            "gpu_memory_utilization": float(match.group(4)),
+            "requested_gib": float(match.group(5)),
+        }
+        summary = (
+            f"only {figures['free_gib']:.2f} of {figures['device_total_gib']:.2f} GiB were free on {device} at "
+            f"startup, but gpu_memory_utilization {match.group(4)} asks for {figures['requested_gib']:.2f} GiB"
+        )
+    return Diagnosis("insufficient_free_memory", summary, _dedupe(related), figures, "device_check")
+
+
+_EXTERNAL_FIGURES = re.compile(
+    rf"Externally held weights on device\s*(\S*)\s*\(({_NUM})/({_NUM}) GiB\) exceed the\s+desired GPU memory "
+    rf"utilization \(({_NUM}), ({_NUM}) GiB\)"
+)
+
+
+def _external_weights(lines: Sequence[_Line], hit: _Line) -> Diagnosis:
+    match = _EXTERNAL_FIGURES.search(_following(lines, hit))
+    figures: dict[str, float] = {}
+    summary = "weights held outside vLLM's process already take the whole gpu_memory_utilization budget"
+    if match:
+        external, total, utilization, requested = (float(match.group(i)) for i in range(2, 6))
+        figures = {
+            "external_gib": external,
+            "device_total_gib": total,
+            "gpu_memory_utilization": utilization,
+            "requested_gib": requested,
+        }
+        summary = (
+            f"weights held outside vLLM's process take {external:.2f} GiB, more than the {requested:.2f} GiB "
+            f"that gpu_memory_utilization {_short(utilization)} grants on this {total:.2f} GiB device"
+        )
+    return Diagnosis("external_weights_over_budget", summary, _dedupe([hit.text]), figures, "device_check")
+
+
+_PROFILING_FIGURES = re.compile(rf"Initial free memory ({_NUM}) GiB,\s*current free memory ({_NUM}) GiB")
+
+
+def _profiling_error(lines: Sequence[_Line], hit: _Line) -> Diagnosis:
+    match = _PROFILING_FIGURES.search(_following(lines, hit))
+    figures: dict[str, float] = {}
+    summary = "another process changed its device memory while vLLM profiled, so vLLM cannot size its KV cache"
+    if match:
+        initial, current = float(match.group(1)), float(match.group(2))
+        figures = {"initial_free_gib": initial, "current_free_gib": current}
+        # vLLM asserts that profiling lowered free memory; equal figures fail the same check (seen on XPU).
+        moved = "rose from" if current > initial else "did not drop below"
+        summary = (
+            f"free device memory {moved} {initial:.2f} GiB ({current:.2f} GiB after profiling): vLLM assumes "
+            "no other process on the device changes its memory while it profiles, so it cannot size its KV "
+            "cache"
+        )
+    return Diagnosis("memory_profiling_error", summary, _dedupe([hit.text]), figures, "profiling")
+
+
+def _short(value: float) -> str:
+    return f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+_CPU_AUTO_SHORT = re.compile(
+    rf"Available memory on node (\d+) \(({_NUM})/({_NUM}) GiB\) on kv cache\s*allocation is less than requested"
+    rf" memory for kv \(({_NUM})/({_NUM}) GiB\)"
+)
+_CPU_EXPLICIT_SHORT = re.compile(
+    rf"Available memory on node (\d+) \(({_NUM})/({_NUM}) GiB\) on kv cache\s*allocation is less than requested"
+    rf" memory for kv \(({_NUM}) GiB\)"
+)
+
+
+# 0.33's CPU worker checks its own footprint first (v1/worker/cpu_worker.py): weights and runtime already fill the
+# reservation (utilization x node memory), so no KV cache is left, and it names the utilization that would fit.
+_CPU_WORKER_OVER = re.compile(
+    rf"The worker already uses ({_NUM}) GiB \(model weights and runtime\), more than the\s+({_NUM}) GiB of CPU memory"
+    rf"\s+reserved for it on node (\d+), leaving none\s*for the KV cache"
+    rf"(?:.*?increase `?--gpu-memory-utilization`? to more than ({_NUM}))?"
+)
+
+
+def _host_memory(lines: Sequence[_Line], hit: _Line) -> Diagnosis:
+    related = _related(lines, _HOST_OOM)
+    joined = " ".join(related)
+    auto = _CPU_AUTO_SHORT.search(joined)
+    explicit = _CPU_EXPLICIT_SHORT.search(joined)
+    over = _CPU_WORKER_OVER.search(_following(lines, hit))
+    figures: dict[str, float] = {}
+    phase: str | None = None
+    if over:
+        phase = "kv_cache_allocation"
+        consumed, requested = float(over.group(1)), float(over.group(2))
+        # kv_requested_gib <= 0 as in the older message's negative share: tune and advice read it as "too low".
+        figures = {
+            "non_kv_gib": consumed,
+            "requested_gib": requested,
+            "kv_requested_gib": round(requested - consumed, 2),
+        }
+        if over.group(4) is not None:
+            figures["min_gpu_memory_utilization"] = float(over.group(4))
+        summary = (
+            f"the worker's share of host memory on node {over.group(3)} ({requested:.2f} GiB, set by "
+            f"gpu_memory_utilization) is used up before the KV cache: the worker already uses "
+            f"{consumed:.2f} GiB (model weights and runtime), leaving none for the KV cache"
+        )
+    elif auto:
+        phase = "kv_cache_allocation"
+        available, total, kv, requested = (float(auto.group(i)) for i in range(2, 6))
+        figures = {
+            "available_gib": available,
+            "device_total_gib": total,
+            "kv_requested_gib": kv,
+            "requested_gib": requested,
+            "non_kv_gib": round(requested - kv, 2),
+        }
+        if kv <= 0:
+            summary = (
+                f"the worker's share of host memory ({requested:.2f} of {total:.2f} GiB, set by "
+                f"gpu_memory_utilization) is used up before the KV cache: {requested - kv:.2f} GiB already "
+                f"in use, {kv:.2f} GiB left for the KV cache"
+            )
+        else:
+            summary = (
+                f"node {auto.group(1)} has {available:.2f} of {total:.2f} GiB available, less than the "
+                f"{kv:.2f} GiB the KV cache asks for"
+            )
+    elif explicit:
+        phase = "kv_cache_allocation"
+        available, total, kv = (float(explicit.group(i)) for i in range(2, 5))
+        figures = {"available_gib": available, "device_total_gib": total, "kv_requested_gib": kv}
+        summary = (
+            f"node {explicit.group(1)} has {available:.2f} of {total:.2f} GiB available, less than the "
+            f"{kv:.2f} GiB KV cache set explicitly"
+        )
+    else:
+        summary = "the host ran out of memory (RAM, not device memory)"
+    return Diagnosis("host_memory", summary, _dedupe(related), figures, phase)
+
+
+# Checked in this order on each error line; the earliest line with any of them wins (later ones re-raise it).
+_MEMORY_PATTERNS = (
+    (_FREE_MEMORY, _free_memory),
+    (_EXTERNAL_WEIGHTS, _external_weights),
+    (_PROFILING_ERROR, _profiling_error),
+    (_WEIGHTS_OOM, _device_oom),
+    (_KV_INSUFFICIENT, _kv_insufficient),
+    (_DEVICE_OOM, _device_oom),
+    (_HOST_OOM, _host_memory),
+)
+
+
+def _memory_diagnosis(lines: Sequence[_Line], running: bool = False) -> Diagnosis | None:
+    """The earliest memory error in the log: later lines only re-raise it across processes. `running`: the log is
+    a healthy server's (since startup), so a device OOM that names no phase happened while serving."""
+    for line in lines:
+        if not line.may_be_error:
+            continue
+        for pattern, build in _MEMORY_PATTERNS:
+            if pattern.search(line.text):
+                return _device_oom(lines, line, running) if build is _device_oom else build(lines, line)
+    return None
+
+
+_UNRECOGNIZED = re.compile(r"error: unrecognized arguments:\s*(.*)")
+_BAD_ARGUMENT = re.compile(r"error: argument ((?:--?[\w.\-]+/?)+):\s*(.*)")
+_VALIDATION = re.compile(r"\d+ validation errors? for (\w+)")
+
+
+def _usage(lines: Sequence[_Line]) -> Diagnosis | None:
+    """How the model was given, not a flag's value: `vllm serve --model m`, no model, a model the entry point
+    does not take positionally."""
+    for line in lines:
+        if not line.may_be_error:
+            continue
+        text = line.text.strip()
+        if _USAGE.search(text):
+            if "--model" in text:
+                summary = "`vllm serve` takes the model as its first positional argument, not --model"
+            else:
+                summary = "no model was given: `vllm serve` takes the model as its first positional argument"
+            return Diagnosis("bad_flag", summary, (text,), {}, "usage")
+        unrecognized = _UNRECOGNIZED.search(text)
+        if unrecognized and unrecognized.group(1).split()[:1] and not unrecognized.group(1).startswith("-"):
+            positional = unrecognized.group(1).split()[0]
+            summary = (
+                f"the entry point does not take a positional argument ({positional}): the api_server module "
+                "takes the model with --model, `vllm serve` takes it first"
+            )
+            return Diagnosis("bad_flag", summary, (text,), {}, "usage")
+    return None
+
+
+# ModelConfig's check (a plain ValueError up to 0.8, a pydantic "Value error, ..." since): the flag exceeds the model.
+_MAX_LEN_OVER = re.compile(
+    r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len \(([^()]*?)=?(\d+(?:\.\d+)?)?"
+    r"(?: or [^()]*)?(?: in model's config\.json)?\)"
+)
+
+
+def _max_len_over(lines: Sequence[_Line]) -> Diagnosis | None:
+    for line in lines:
+        match = _MAX_LEN_OVER.search(line.text) if line.may_be_error else None
+        if not match:
+            continue
+        requested = int(match.group(1))
+        figures = {"max_model_len": float(requested)}
+        derived = ""
+        if match.group(3):
+            figures["derived_max_model_len"] = float(match.group(3))
+            source = match.group(2) if match.group(2) not in (None, "", "None") else "config.json"
+            derived = f" ({int(float(match.group(3))):,} from the model's {source})"
+        summary = (
+            f"the installed vLLM rejected max_model_len={requested}: it is greater than the model's own maximum"
+            f"{derived}"
+        )
+        return Diagnosis("bad_flag", summary, (line.text.strip(),), figures, "arguments")
+    return None
+
+
+def _bad_flag(lines: Sequence[_Line]) -> Diagnosis | None:
+    usage = _usage(lines) or _max_len_over(lines)
+    if usage is not None:
+        return usage
+    for position, line in enumerate(lines):
+        if not line.may_be_error or not _BAD_FLAG.search(line.text):
+            continue
+        text = line.text.strip()
+        unrecognized = _UNRECOGNIZED.search(text)
+        argument = _BAD_ARGUMENT.search(text)
+        if unrecognized:
+            flags = [token for token in unrecognized.group(1).split() if token.startswith("-")]
+            summary = f"the installed vLLM does not accept {', '.join(flags) or unrecognized.group(1)}"
+            return Diagnosis("bad_flag", summary, (text,), {}, "arguments")
+        if argument:
+            name = argument.group(1).split("/")[0]
+            summary = f"the installed vLLM rejected the value of {name}: {argument.group(2)}"
+            return Diagnosis("bad_flag", summary, (text,), {}, "arguments")
+        # pydantic: "1 validation error for CacheConfig" / "gpu_memory_utilization" / "  Input should be ... [type=..,
+        # input_value=1.5, ...]"; a model-level check has no field line: "  Value error, User-specified ...".
+        detail = [entry.text.strip() for entry in lines[position + 1 : position + 3] if entry.text.strip()]
+        validation = _VALIDATION.search(text)
+        field_name = detail[0] if detail and re.fullmatch(r"[\w.]+", detail[0]) else None
+        message = next((d for d in detail if d != field_name), "")
+        value = re.search(r"input_value=([^,\]]+)", message)
+        message = re.sub(r"\s*\[type=.*$", "", message).strip()
+        if field_name:
+            setting = f"{field_name}={value.group(1)}" if value else field_name
+        else:
+            setting = f"the {validation.group(1)}" if validation else "a setting"
+        return Diagnosis(
+            "bad_flag",
+            f"the installed vLLM rejected {setting}: {message or text}",
+            _dedupe([text, *detail], limit=3),
+            {},
+            "arguments",
+        )
+    return None
+
+
+def rejected_flags(diagnosis: Diagnosis) -> tuple[str, ...]:
+    """The flags a bad_flag diagnosis names: ('--swap-space',) or ('gpu_memory_utilization',) for a value error."""
+    if diagnosis.kind != "bad_flag" or diagnosis.phase == "usage":
+        return ()
+    for position, text in enumerate(diagnosis.root_cause):
+        if _MAX_LEN_OVER.search(text):
+            return ("max_model_len",)
+        unrecognized = _UNRECOGNIZED.search(text)
+        if unrecognized:
+            return tuple(token for token in unrecognized.group(1).split() if token.startswith("-"))
+        argument = _BAD_ARGUMENT.search(text)
+        if argument:
+            return (argument.group(1).split("/")[0],)
+        if _VALIDATION.search(text) and position + 1 < len(diagnosis.root_cause):
+            # pydantic names the field on its own line; "Value error, ..." lines name none.
+            field_line = diagnosis.root_cause[position + 1]
+            return (field_line,) if re.fullmatch(r"[\w.]+", field_line) else ()
+    return ()
+
+
+def _meaningful(lines: Sequence[_Line]) -> list[str]:
+    return [entry.text.strip() for entry in lines if entry.text.strip() and not _NOISE.search(entry.text)]
+
+
+def _error_lines(lines: Sequence[_Line]) -> list[str]:
+    """Exception lines (`OSError: ...`), else ERROR-level messages, minus the generic 'see above' ones."""
+    exceptions: list[str] = []
+    for line in lines:
+        text = line.text.strip().strip("*")
+        worker = _WORKER_EXCEPTION.search(text)
+        if line.may_be_error and worker:
+            exceptions.append(f"{worker.group(2)} (in a worker, method {worker.group(1)})")
+        elif line.may_be_error and _EXCEPTION_LINE.match(text) and not _GENERIC.search(text):
+            exceptions.append(text)
+    if exceptions:
+        return exceptions
+    return [
+        entry.text.strip()
+        for entry in lines
+        if entry.level in ("ERROR", "CRITICAL")
+        and entry.text.strip()
+        and not entry.text[:1].isspace()
+        and not _GENERIC.search(entry.text)
+    ]
+
+
+def _signal_name(returncode: int) -> str:
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def classify_failure(log_text: str, returncode: int | None) -> Diagnosis:
+    """Why a vLLM server exited (or was stopped) before it became healthy.
+
+    A rejected flag or a usage error wins (nothing else ran); then the earliest memory error; otherwise `crash`
+    quoting the earliest specific error lines, never the generic "Engine core initialization failed. See root cause
+    above".
+    """
+    lines = _lines(log_text)
+    diagnosis = _bad_flag(lines) or _memory_diagnosis(lines)
+    if diagnosis is not None:
+        if returncode is not None:
+            diagnosis.figures.setdefault("returncode", float(returncode))
+        return diagnosis
+    figures = {"returncode": float(returncode)} if returncode is not None else {}
+    errors = _dedupe(_error_lines(lines))
+    if returncode is None:
+        exited = "vLLM stopped before it became healthy"
+    elif returncode < 0:
+        exited = f"vLLM was killed by {_signal_name(returncode)} before it became healthy"
+        if returncode == -9 and not errors:
+            exited += " (with no error logged: the kernel OOM killer is the usual sender)"
+    else:
+        exited = f"vLLM exited with code {returncode} before it became healthy"
+    stage = _stage_before(lines, len(lines))
+    summary = f"{exited}, while {stage}"
+    phase = _traceback_phase(lines)
+    if errors:
+        summary += f": {errors[0][:200]}"
+        return Diagnosis("crash", summary, errors, figures, phase)
+    return Diagnosis("crash", summary, tuple(_meaningful(lines)[-MAX_ROOT_CAUSE_LINES:]), figures, phase)
+
+
+def find_memory_error(log_text: str) -> Diagnosis | None:
+    """A memory error in the log of a running (or just died) server, else None. Used during load."""
+    return _memory_diagnosis(_lines(log_text), running=True)
+
+
+def timeout_diagnosis(log_text: str, timeout_s: float) -> Diagnosis:
+    """A start that did not become healthy in time: how far it got and the last lines it printed."""
+    lines = _lines(log_text)
+    stage = _stage_before(lines, len(lines))
+    return Diagnosis(
+        "timeout",
+        f"vLLM did not become healthy within {timeout_s:g} s (last stage reached: {stage})",
+        tuple(_meaningful(lines)[-MAX_ROOT_CAUSE_LINES:]),
+        {"timeout_s": float(timeout_s)},
+    )

@@ -1,0 +1,4 @@
+"""Starting, watching and stopping vLLM servers: the only code that spawns or kills processes.
+
+A cluster launcher plugs in here.
+"""

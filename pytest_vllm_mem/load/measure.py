@@ -1,0 +1,73 @@
+"""One measured load against a running server: memory marks around it, and a diagnosis when the server dies or runs
+out of memory during it. Used by the vllm_load fixture and by the tuner."""
+
+from __future__ import annotations
+
+from pytest_vllm_mem.diagnosis.advice import advise, render_steps
+from pytest_vllm_mem.diagnosis.diagnose import Diagnosis, classify_failure, find_memory_error
+from pytest_vllm_mem.launch.server import VLLMServer
+from pytest_vllm_mem.load.client import LoadResult, LoadSpec, run_load
+from pytest_vllm_mem.memory import cpu_seconds_between, tree_cpu_times
+
+
+def measured_load(server: VLLMServer, spec: LoadSpec) -> LoadResult:
+    """The load `spec` against `server` with the memory sampler marking it; diagnoses a death or OOM during it."""
+    sampler = server.sampler
+    log_offset = len(server.log_text())
+    sampler.sample_now()
+    server.loads_run += 1
+    started = sampler.mark(f"load {server.loads_run}")
+    # The CPU backend's device is the CPU: its work per token is read from the server's CPU time. (On a GPU the host
+    # CPU time holds the CUDA synchronisation spin and says little about the device's work: not measured there.)
+    cpu_before = tree_cpu_times(server.pid) if server.device.backend == "cpu" else {}
+    # A fresh seed per load on this server: repeated prompts would hit vLLM's prefix cache and flatter TTFT.
+    result = run_load(
+        server.url, server.model_name, spec, seed=server.loads_run, should_abort=lambda: not server.alive()
+    )
+    if cpu_before:
+        result.server_cpu_s = cpu_seconds_between(cpu_before, tree_cpu_times(server.pid))
+    sampler.sample_now()
+    sampler.mark("load end")
+    result.peak_memory_bytes = sampler.peak_between(started)
+    if server.device.backend == "cuda":
+        result.peak_memory_per_gpu = list(sampler.device_peaks_between(started))
+    result.server_alive = server.alive()
+    new_log = server.log_text()[log_offset:]
+    failure = find_memory_error(new_log)
+    if failure is None and not result.server_alive:
+        code = server.process.poll()
+        died = classify_failure(new_log, code)
+        which = f"the API server exited with code {code}" if code is not None else "its engine process exited"
+        failure = (
+            died
+            if died.kind in ("cuda_oom", "host_memory")
+            else Diagnosis(
+                kind="crash",
+                summary=f"the vLLM server died during the load: {which}",
+                root_cause=died.root_cause,
+                figures=died.figures,
+            )
+        )
+    if failure is not None:
+        result.failure = failure
+        result.advice = advise(failure, server.launched, server.memory, peak_bytes=result.peak_memory_bytes)
+    return result
+
+
+def load_failure_message(server: VLLMServer, result: LoadResult) -> str:
+    """The test failure text of a load that `measured_load` found a failure in (result.failure is set)."""
+    failure = result.failure
+    if failure is None:
+        raise ValueError("load_failure_message: the load did not fail (result.failure is None)")
+    lines = [
+        f"vLLM failed during the load [{failure.kind}]: {failure.summary}",
+        f"completed {result.completed}/{result.num_prompts} requests, {result.failed} failed, "
+        f"server {'alive' if result.server_alive else 'dead'}",
+    ]
+    if failure.root_cause:
+        lines.append("root cause (from the server log):")
+        lines += [f"    {line}" for line in failure.root_cause]
+    lines.append(f"command: {server.launched}")
+    lines += render_steps(result.advice)
+    lines.append(f"full log: {server.log_path}")
+    return "\n".join(lines)
