@@ -217,7 +217,7 @@ def test_load_watch_reads_counters_on_its_own_thread() -> None:
 
 
 def test_run_load_offers_its_counters_only_under_an_observer(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_vllm_mem.load.client import client as load
+    from pytest_vllm_mem.load import client as load
 
     seen: list[int] = []
 

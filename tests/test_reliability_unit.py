@@ -260,7 +260,7 @@ def test_a_dead_engine_fails_the_load_at_once_and_the_pool_replaces_the_server(t
 
 def test_live_registry_lock_is_reentrant_for_the_sigterm_handler() -> None:
     """The SIGTERM handler stops servers on the main thread, which may be inside `with _LIVE_LOCK` already."""
-    code = "from pytest_vllm_mem import server\nwith server._LIVE_LOCK:\n    server.stop_all_servers()\nprint('ok')\n"
+    code = "from pytest_vllm_mem.launch import server\nwith server._LIVE_LOCK:\n    server.stop_all_servers()\nprint('ok')\n"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "ok", done.stderr
 
