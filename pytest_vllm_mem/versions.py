@@ -45,7 +45,7 @@ def launch_argv(python: str, model: str, flag_args: list[str]) -> list[str]:
     return [python, "-c", LAUNCHER, LAUNCH_SUBCOMMAND, model, *flag_args]
 
 
-# What was checked on which real release (README "Supported vLLM versions" repeats this; keep them in step).
+# What was checked on which real release (docs/versions.md repeats this; tests/test_docs.py keeps them in step).
 VERIFIED_RELEASES: dict[str, tuple[str, ...]] = {
     # The parser table built from the release's wheel, imported on a CPU interpreter (ci/check-vllm-wheel.sh).
     "vllm": ("0.10.0", "0.33.0"),

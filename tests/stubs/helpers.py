@@ -106,7 +106,7 @@ def popen_pytest(cwd: Path, args: list[str], env: dict[str, str], log: Path) -> 
 
 
 class Figures:
-    """What the reliability tests measured, for the README: fault scenarios, fault-to-failure times, leftovers.
+    """What the reliability tests measured, for docs/reliability.md: fault scenarios, fault-to-failure times, leftovers.
 
     Every pid a test saw is remembered; `left()` says which of them still run (the suite's end figure)."""
 
