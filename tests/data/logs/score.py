@@ -1,26 +1,54 @@
-"""Score a diagnose module on this corpus: python tests/data/logs/score.py [path/to/diagnose.py] [-v]
+"""Score a diagnose module on this corpus: python tests/data/logs/score.py [path/to/diagnose.py] [-v] [--held-out-misses]
 
 Without a path it scores the working tree's pytest_vllm_mem/diagnosis/diagnose.py. To score an older version:
     git show <commit>:pytest_vllm_mem/diagnosis/diagnose.py > /tmp/old_diagnose.py
     python tests/data/logs/score.py /tmp/old_diagnose.py
+(before the restructure of issue 21 the module was pytest_vllm_mem/diagnose.py.)
+
+Three scores are printed:
+- corpus: every log the rules may be fitted to;
+- held-out: a third of the 41 logs collected for issue 23 (`"batch": "issue23"` in index.json), chosen by a rule fixed
+  before any of them was scored: a log is held out when the SHA-256 of its file name, read as a number, is divisible
+  by 3;
+- blind: 13 more logs (`"batch": "issue23-blind"`) collected after the rules were frozen (BLIND_RULES_SHA256 is the
+  diagnose.py they were first scored with), all held out.
+`-v` lists the corpus misses; the held-out and blind misses are listed only with --held-out-misses, so that changing
+a rule while looking at them is a deliberate act, not an accident of -v.
+
 A module from before phases existed is given the phase its summary names ("while profiling", ...; weights_too_large
-counts as loading_weights), so the phase figure compares like with like.
+counts as loading_weights), so the phase figure compares like with like. A `started` log counts as read right when
+parse_startup_memory gives its figures and find_memory_error finds nothing in it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[2]
-_OLD_PHASE_WORDS = (("while profiling", "profiling"), ("while allocating the KV cache", "kv_cache_allocation"),
-                    ("while capturing CUDA graphs", "graph_capture"), ("while warming up", "sampler_warmup"),
-                    ("right after startup", "serving"), ("while serving", "serving"))
+HELD_OUT_BATCH = "issue23"
+BLIND_BATCH = "issue23-blind"
+BLIND_RULES_SHA256 = "5e88b24c88858a7872abe59d3c11408abeda3fef6d466b70e1a6dad51f29be94"
+_OLD_PHASE_WORDS = (
+    ("while profiling", "profiling"),
+    ("while allocating the KV cache", "kv_cache_allocation"),
+    ("while capturing CUDA graphs", "graph_capture"),
+    ("while warming up", "sampler_warmup"),
+    ("right after startup", "serving"),
+    ("while serving", "serving"),
+)
+
+
+def is_held_out(name: str, entry: dict[str, Any]) -> bool:
+    """The split rule, fixed before the issue-23 logs were scored: a third of that batch, by a hash of the name."""
+    return entry.get("batch") == HELD_OUT_BATCH and int(hashlib.sha256(name.encode()).hexdigest(), 16) % 3 == 0
 
 
 def load(path: Path) -> ModuleType:
@@ -44,28 +72,78 @@ def phase_of(diagnosis: Any) -> str | None:
     return next((phase for words, phase in _OLD_PHASE_WORDS if words in diagnosis.summary), None)
 
 
+@dataclass
+class Score:
+    kinds: int = 0
+    total: int = 0
+    phases: int = 0
+    phase_total: int = 0
+    started: int = 0
+    started_total: int = 0
+    misses: list[str] = field(default_factory=list)
+
+    def line(self, label: str) -> str:
+        right = self.kinds + self.started
+        logs = self.total + self.started_total
+        return (
+            f"{label}: {right}/{logs} logs right ({right / max(logs, 1):.0%}): failure kind {self.kinds}/{self.total}, "
+            f"out-of-memory kind and phase {self.phases}/{self.phase_total}, started logs read "
+            f"{self.started}/{self.started_total}"
+        )
+
+
+def score_entry(module: ModuleType, name: str, entry: dict[str, Any], score: Score) -> None:
+    text = (HERE / name).read_text(encoding="utf-8")
+    if entry["kind"] == "started":
+        score.started_total += 1
+        memory = module.parse_startup_memory(text).to_dict()
+        read = {key: memory.get(key) for key in entry["memory"]}
+        found = module.find_memory_error(text) if hasattr(module, "find_memory_error") else None
+        if read == entry["memory"] and found is None:
+            score.started += 1
+        else:
+            wrong = {key: value for key, value in read.items() if value != entry["memory"][key]}
+            score.misses.append(f"miss {name}: started, read {wrong}" + (f", found {found.kind}" if found else ""))
+        return
+    diagnosis = module.classify_failure(text, 1)
+    score.total += 1
+    kind_ok = diagnosis.kind == entry["kind"]
+    score.kinds += kind_ok
+    phase_ok = None
+    if "phase" in entry and entry["kind"] in ("cuda_oom", "weights_too_large"):
+        score.phase_total += 1
+        phase_ok = kind_ok and phase_of(diagnosis) == entry["phase"]
+        score.phases += phase_ok
+    if not kind_ok or phase_ok is False:
+        score.misses.append(
+            f"miss {name}: expected {entry['kind']}/{entry.get('phase')}, got {diagnosis.kind}/{phase_of(diagnosis)}"
+        )
+
+
 def main(argv: list[str]) -> int:
     paths = [a for a in argv if not a.startswith("-")]
-    module = load(Path(paths[0]) if paths else ROOT / "pytest_vllm_mem" / "diagnose.py")
+    module = load(Path(paths[0]) if paths else ROOT / "pytest_vllm_mem" / "diagnosis" / "diagnose.py")
     index = json.loads((HERE / "index.json").read_text(encoding="utf-8"))
-    kinds = phases = phase_total = total = 0
+    corpus, held_out, blind = Score(), Score(), Score()
     for name, entry in index.items():
-        if entry["kind"] == "started":
-            continue
-        diagnosis = module.classify_failure((HERE / name).read_text(encoding="utf-8"), 1)
-        total += 1
-        kind_ok = diagnosis.kind == entry["kind"]
-        kinds += kind_ok
-        phase_ok = None
-        if "phase" in entry and entry["kind"] in ("cuda_oom", "weights_too_large"):
-            phase_total += 1
-            phase_ok = kind_ok and phase_of(diagnosis) == entry["phase"]
-            phases += phase_ok
-        if "-v" in argv and (not kind_ok or phase_ok is False):
-            print(f"miss {name}: expected {entry['kind']}/{entry.get('phase')}, got {diagnosis.kind}/"
-                  f"{phase_of(diagnosis)}")
-    print(f"kind right: {kinds}/{total} ({kinds / total:.0%}); out-of-memory kind and phase right: "
-          f"{phases}/{phase_total} ({phases / max(phase_total, 1):.0%})")
+        chosen = blind if entry.get("batch") == BLIND_BATCH else held_out if is_held_out(name, entry) else corpus
+        score_entry(module, name, entry, chosen)
+    if "-v" in argv:
+        print("\n".join(corpus.misses))
+    if "--held-out-misses" in argv:
+        print("\n".join(held_out.misses + blind.misses))
+    print(corpus.line("corpus"))
+    print(held_out.line("held-out third of issue 23's logs"))
+    print(blind.line("blind batch (collected after the rules froze)"))
+    total = Score(
+        held_out.kinds + blind.kinds,
+        held_out.total + blind.total,
+        held_out.phases + blind.phases,
+        held_out.phase_total + blind.phase_total,
+        held_out.started + blind.started,
+        held_out.started_total + blind.started_total,
+    )
+    print(total.line("never fitted, together"))
     return 0
 
 
