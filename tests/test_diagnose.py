@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,10 +10,12 @@ import pytest
 from pytest_vllm_mem.diagnosis.diagnose import (
     FAILURE_KINDS,
     PHASES,
+    PLATFORMS,
     STARTUP_PHASES,
     Diagnosis,
     StartupMemory,
     classify_failure,
+    detect_platform,
     find_memory_error,
     line_figures,
     parse_startup_memory,
@@ -54,7 +57,13 @@ def test_corpus_is_real_public_logs_of_every_kind() -> None:
     assert not list(LOGS.glob("gpu-*-started.log"))  # the hand-written fixtures are gone
 
 
-@pytest.mark.parametrize("name", FAILURES)
+def _known_miss(name: str) -> object:
+    """A held-out log the frozen rules got wrong stays in the run, marked: fixing it would fit the rules to it."""
+    miss = INDEX[name].get("known_miss")
+    return pytest.param(name, marks=pytest.mark.xfail(reason=miss, strict=True)) if miss else name
+
+
+@pytest.mark.parametrize("name", [_known_miss(name) for name in FAILURES])
 def test_corpus_failure_kind_and_phase(name: str) -> None:
     entry = INDEX[name]
     diagnosis = classify_failure(log(name), 1)
@@ -758,3 +767,228 @@ def test_the_startup_error_names_the_phase_unless_the_summary_does() -> None:
     )
     said = str(VLLMStartupError(oom, VLLMConfig("m"), None, StartupOutcome(False, oom.kind, 3.0, 0)))
     assert said.splitlines()[0] == "vLLM startup failed [cuda_oom] after 3.0s: " + oom.summary
+
+
+# --- issue 23: lines as they reach users, evidence before wording, the other accelerators -------------------------
+# Each case is a log of the issue-23 batch that the rules were written against (not a held-out one), or a corpus line
+# re-wrapped the way a terminal wraps it; every one of them was misread before these rules.
+
+
+@pytest.mark.parametrize(
+    "name, fragment, message",
+    [
+        # a markdown quote of the error (a maintainer quoting it in #8318)
+        (
+            "tpu-0.6-smem-exhausted-quoted-8318.log",
+            "RESOURCE_EXHAUSTED",
+            "RuntimeError: Bad StatusOr access: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory "
+            "in memory space smem. Used 1.00M of 1.00M smem. Exceeded smem capacity by 1.7K.",
+        ),
+        # a "▎" quote bar
+        ("gpu-0.29-kv-cache-needed-bar-quoted-spark396.log", "Available KV", "Available KV cache memory: 22.5 GiB"),
+        # a k9s pane: "│" borders on both sides, padded to the pane's width
+        (
+            "gpu-0.8-started-v0-boxed-k9s-gie550.log",
+            "# cuda blocks",
+            "# cuda blocks: 7191, # CPU blocks: 512",
+        ),
+        # the error quoted as inline code
+        (
+            "gpu-0.11-free-memory-inline-code-omni276.log",
+            "ValueError",
+            "ValueError: Free memory on device (0.49/79.32 GiB) on startup is less than desired GPU memory utilization "
+            "(0.6, 47.59 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
+        ),
+    ],
+)
+def test_quote_marks_a_paste_added_are_not_part_of_the_message(name: str, fragment: str, message: str) -> None:
+    assert strip_log_prefix(first_line(name, fragment)) == message
+
+
+def test_color_codes_escaped_as_text_are_removed() -> None:
+    line = first_line("gpu-0.2-raylet-oom-wrapped-escaped-1160.log", "Refer to the documentation")
+    assert strip_ansi(line).startswith("(raylet) Refer to the documentation")
+
+
+def test_a_v0_figure_line_in_a_pane_border_still_gives_its_figures() -> None:
+    memory = parse_startup_memory(log("gpu-0.8-started-v0-boxed-k9s-gie550.log"))
+    assert (memory.device_total_gib, memory.requested_gib, memory.kv_cache_gib) == (79.19, 71.27, 56.18)
+
+
+def _wrapped(text: str, width: int) -> str:
+    """A log as a terminal `width` columns wide shows it: each line cut into width-long pieces, mid-word."""
+    return "\n".join(line[i : i + width] for line in text.splitlines() for i in range(0, max(len(line), 1), width))
+
+
+def test_an_error_a_terminal_wrapped_mid_phrase_is_still_read() -> None:
+    wrapped = _wrapped(first_line("gpu-0.6-no-cache-blocks-10439.log", "ValueError: No available"), 70)
+    assert "No available memory for the cache blocks" not in wrapped  # the wrap cuts the message itself
+    diagnosis = classify_failure(wrapped, 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("kv_cache_insufficient", "kv_cache_allocation")
+
+
+def test_a_quiet_next_line_never_makes_a_match_on_its_own() -> None:
+    # An error line followed by vLLM's INFO hint that mentions out-of-memory: the hint is not the error.
+    hint = first_line("gpu-0.3-graph-capture-oom-reversed-runpod40.log", "CUDA graphs can take additional")
+    log_text = "\n".join(["RuntimeError: Worker failed", hint.replace("out of memory", "OutOfMemoryError")])
+    assert classify_failure(log_text, 1).kind == "crash"
+
+
+def test_a_newest_first_paste_is_read_in_the_order_it_was_written() -> None:
+    # RunPod's log view shows the newest line first: the graph-capture milestone is printed below the error.
+    diagnosis = classify_failure(log("gpu-0.3-graph-capture-oom-reversed-runpod40.log"), 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("cuda_oom", "graph_capture")
+    assert diagnosis.figures["tried_allocate_gib"] == pytest.approx(112 / 1024)
+
+
+def test_a_normal_log_is_not_turned_round() -> None:
+    assert classify_failure(log("gpu-0.9-graph-capture-cuda-error-oom-19186.log"), 1).phase == "graph_capture"
+    memory = parse_startup_memory(log("gpu-0.9-started-sm120-19794.log"))
+    assert (memory.kv_cache_gib, memory.graph_capture_gib) == (26.91, 0.84)
+
+
+def test_a_negative_kv_figure_decides_when_the_error_is_cut_off() -> None:
+    diagnosis = classify_failure(log("gpu-0.11-negative-kv-memory-cut-omni262.log"), 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("kv_cache_insufficient", "kv_cache_allocation")
+    assert diagnosis.figures["available_gib"] == -3.86
+    assert diagnosis.root_cause == ("Available KV cache memory: -3.86 GiB",)
+    assert "not in the log" in diagnosis.summary
+
+
+def test_a_positive_kv_figure_is_no_evidence() -> None:
+    text = log("gpu-0.11-negative-kv-memory-cut-omni262.log").replace("-3.86 GiB", "3.86 GiB")
+    assert classify_failure(text, 1).kind == "crash"
+
+
+def test_rays_memory_monitor_is_host_memory_not_device_memory() -> None:
+    diagnosis = classify_failure(log("gpu-0.3-ray-worker-killed-memory-threshold-2669.log"), 1)
+    assert diagnosis.kind == "host_memory"
+    assert diagnosis.figures == {
+        "host_kill": 1.0,
+        "host_used_gib": 12.49,
+        "host_total_gib": 13.15,
+        "worker_gib": 11.15,
+        "threshold": 0.95,
+        "returncode": 1.0,
+    }
+    assert "Ray's memory monitor" in diagnosis.summary and "12.49 of 13.15 GB" in diagnosis.summary
+    exception = classify_failure(log("gpu-0.8-ray-host-oom-kill-15102.log"), 1)  # ray.exceptions.OutOfMemoryError
+    assert exception.kind == "host_memory" and exception.figures["host_total_gib"] == 2265.25
+    raylet = classify_failure(log("gpu-0.2-raylet-oom-wrapped-escaped-1160.log"), 1)  # the raylet's summary, wrapped
+    assert raylet.kind == "host_memory"
+
+
+def test_a_host_kill_off_the_cpu_is_not_advised_a_lower_gpu_utilization() -> None:
+    from pytest_vllm_mem.config import VLLMConfig
+    from pytest_vllm_mem.diagnosis.advice import advise
+
+    steps = advise(
+        classify_failure(log("gpu-0.3-ray-worker-killed-memory-threshold-2669.log"), 1), VLLMConfig("m"), None
+    )
+    assert steps[0].startswith("the host ran out of RAM")
+    assert "RAY_memory_usage_threshold (now 0.95" in steps[1]
+    assert not any("gpu_memory_utilization" in step for step in steps)
+
+
+def test_the_kernel_oom_killer_during_weight_post_processing_is_host_memory_while_loading() -> None:
+    # "Loading weights took" is printed before the weights are repacked: the kill that follows is still loading.
+    diagnosis = classify_failure(log("gpu-0.12-host-oom-kill-marlin-repack-backport68.log"), 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("host_memory", "loading_weights")
+    assert "OOM killer" in diagnosis.summary
+
+
+def test_loading_weights_took_ends_the_loading_only_on_the_cpu() -> None:
+    read = first_line("cpu-0.32-started.log", "Loading weights took")
+    oom = first_line("gpu-0.8-oom-no-phase-15105.log", "torch.OutOfMemoryError")
+    assert classify_failure("\n".join([read, oom]), 1).phase == "loading_weights"
+    # On the CPU worker (its cpu_model_runner names it) the same line is the end of loading: the step after is
+    # profiling. The kill is the kernel's OOM killer as dmesg prints it.
+    cpu_start = first_line("cpu-0.32-started.log", "Starting to load model")
+    kill = "Out of memory: Killed process 10576 (python3)"
+    on_cpu = classify_failure("\n".join([cpu_start, read, kill]), None)
+    assert (on_cpu.kind, on_cpu.phase, on_cpu.platform) == ("host_memory", "profiling", "cpu")
+
+
+@pytest.mark.parametrize(
+    "name, phase, platform",
+    [
+        ("tpu-0.6-smem-exhausted-quoted-8318.log", None, "tpu"),  # XLA: Ran out of memory in memory space smem
+        ("tpu-0.8-resource-exhausted-reserve-16521.log", None, None),  # Attempting to reserve 1.04G; no TPU named
+        ("tpu-0.1x-resource-exhausted-reserve-tpurecipes151.log", None, None),  # the one line names no platform
+        ("xpu-0.1x-level-zero-out-of-resources-llmscaler432.log", None, "xpu"),  # UR_RESULT_ERROR_OUT_OF_RESOURCES
+        ("xpu-0.11-ur-out-of-resources-batch-llmscaler304.log", "serving", "xpu"),  # the input dump: a model step
+        ("xpu-0.3-cannot-allocate-4gb-block-ipexllm11798.log", None, None),  # the allocator's own report
+        ("npu-0.7-npu-oom-ascend19.log", None, "npu"),
+    ],
+)
+def test_other_accelerators_out_of_memory_wordings(name: str, phase: str | None, platform: str | None) -> None:
+    diagnosis = classify_failure(log(name), 1)
+    assert (diagnosis.kind, diagnosis.phase, diagnosis.platform) == ("cuda_oom", phase, platform)
+
+
+def test_a_gaudi_error_that_is_not_out_of_memory_is_a_crash_that_names_the_platform() -> None:
+    diagnosis = classify_failure(log("hpu-0.6-crash-pt-lazy-gaudi776.log"), 1)
+    assert (diagnosis.kind, diagnosis.platform) == ("crash", "hpu")
+    assert "Intel Gaudi (HPU), whose errors other than out-of-memory are not classified" in diagnosis.summary
+    assert diagnosis.to_dict()["platform"] == "hpu"
+
+
+def test_a_triton_shared_memory_limit_is_not_device_memory() -> None:
+    assert classify_failure(log("gpu-0.2x-crash-triton-shared-memory-46721.log"), 1).kind == "crash"
+
+
+def test_a_dead_v0_engine_loop_means_the_oom_came_while_serving() -> None:
+    diagnosis = classify_failure(log("gpu-0.8-serving-oom-mq-engine-dead-lora-15039.log"), 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("cuda_oom", "serving")
+    assert diagnosis.figures["device_total_gib"] == 79.33
+
+
+@pytest.mark.parametrize(
+    "name, platform",
+    [
+        ("rocm-0.9-hip-oom-flattened-gfx906-14.log", "rocm"),
+        ("cpu-0.32-host-memory.log", "cpu"),
+        ("gpu-0.9-graph-capture-cuda-error-oom-19186.log", "cuda"),
+        ("gpu-0.8-unrecognized-reasoning-flags-18538.log", None),
+    ],
+)
+def test_detect_platform(name: str, platform: str | None) -> None:
+    assert detect_platform(log(name)) == platform
+    assert platform is None or platform in PLATFORMS
+
+
+def test_a_diagnosis_without_a_platform_keeps_its_old_dict() -> None:
+    assert "platform" not in Diagnosis("crash", "x").to_dict()
+
+
+# --- the score script ----------------------------------------------------------------------------------------------
+
+
+def _score_module() -> object:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("corpus_score", LOGS / "score.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_held_out_split_is_the_hash_rule_over_the_issue_23_batch() -> None:
+    score = _score_module()
+    batch = sorted(name for name, entry in INDEX.items() if entry.get("batch") == "issue23")
+    held = [name for name in batch if score.is_held_out(name, INDEX[name])]  # type: ignore[attr-defined]
+    assert len(batch) == 41 and len(held) == 11
+    assert not any(score.is_held_out(name, entry) for name, entry in INDEX.items() if "batch" not in entry)  # type: ignore[attr-defined]
+    blind = [name for name, entry in INDEX.items() if entry.get("batch") == "issue23-blind"]
+    assert len(blind) == 13
+
+
+def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.CaptureFixture[str]) -> None:
+    score = _score_module()
+    assert score.main([]) == 0  # type: ignore[attr-defined]
+    out = capsys.readouterr().out
+    assert "corpus: 87/87 logs right" in out
+    assert "held-out third of issue 23's logs: 10/11 logs right" in out
+    assert "blind batch (collected after the rules froze): 12/13 logs right" in out

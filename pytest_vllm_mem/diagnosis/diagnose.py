@@ -5,13 +5,20 @@ fragments of vLLM's own messages (0.4 through 0.3x, V0 and V1 engines) rather th
 changes between versions do not break them; numbers are read from the message, never assumed. An out-of-memory
 error is placed in the startup phase its own traceback shows (weight loading, profiling, KV cache allocation, CUDA
 graph capture, sampler warm-up, wake-up, serving), not guessed from which progress lines are missing.
+
+Logs are read the way they reach users (issue 23): quoted, boxed, indented, wrapped, newest-first, with colour codes
+escaped as text. Evidence comes before wording: a KV figure at or below zero, the allocator's own report of a failed
+allocation, Ray's and the kernel's kills of a process for host memory, and the out-of-memory codes of the other
+accelerators vLLM runs on (TPU, XPU, Gaudi, Ascend), whose platform the diagnosis names.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 import signal
+import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,14 +62,29 @@ _QUIET_LEVELS = frozenset({"DEBUG", "INFO", "WARNING", "WARN"})
 _C10_WARNING = re.compile(r"^\[W\d{4} ")  # torch's C++ warnings: "[W1130 04:55:33.27 utils.cpp:68] Warning: ..."
 
 
+# Color codes as syslog and some CI viewers escape them: "#033[2m", a literal "\\x1b[0m" or "\\033[33m".
+_ESCAPED_ANSI = re.compile(r"(?:#033|\\x1b|\\033|\\e)\[[0-9;]*m")
+# How a pasted line is quoted: markdown "> " (nested too), a "▎" quote bar, a "│" pane border (k9s, tmux), inline code
+# backticks around the whole line. Pipes are left alone: docker compose's "vllm-1  | " is a prefix the header search
+# already skips.
+_QUOTE_MARKS = re.compile(r"^\s*(?:[>▎▍▌▐│┃]\s?)+|^\s*`(?!``)")
+_TRAILING_MARKS = re.compile(r"\s*(?:[│┃▐]|(?<!`)`)\s*$")
+
+
 def strip_ansi(text: str) -> str:
-    """Remove terminal color codes (vLLM 0.10 colored the process prefix even when writing to a file)."""
-    return _ANSI.sub("", text)
+    """Remove terminal color codes (vLLM 0.10 colored the process prefix even when writing to a file), raw or escaped
+    as text."""
+    return _ESCAPED_ANSI.sub("", _ANSI.sub("", text))
+
+
+def _unquote(text: str) -> str:
+    """The line without the quoting a paste added around it (markdown quote, quote bar, pane border, backticks)."""
+    return _TRAILING_MARKS.sub("", _QUOTE_MARKS.sub("", text, count=1), count=1)
 
 
 def _split_prefix(line: str) -> tuple[str | None, str]:
     """(log level or None, message) of one raw log line."""
-    text = strip_ansi(line)
+    text = _unquote(strip_ansi(line))
     header = _HEADER.search(text, 0, _HEADER_WITHIN + 40)
     if header and header.start() <= _HEADER_WITHIN:
         return header.group("level"), text[header.end() :].rstrip()
@@ -86,6 +108,7 @@ class _Line:
     index: int
     level: str | None
     text: str
+    raw: str = ""  # the record as logged, prefix and header included (they name the worker's module)
 
     @property
     def may_be_error(self) -> bool:
@@ -103,11 +126,37 @@ def _records(raw: str) -> list[str]:
     return [clean[start:end] for start, end in zip(cuts, [*cuts[1:], len(clean)])]
 
 
+# Timestamps that order a log: vLLM's record header ("INFO 02-03 03:43:49") and an ISO stamp a log viewer or CI adds
+# at the start of a line ("2024-02-02 21:43:49.554", "[2025-03-10T15:07:20Z]").
+_STAMPS = (
+    re.compile(r"\b(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+(\d{2}-\d{2}\s+\d{2}:\d{2}:\d{2})"),
+    re.compile(r"^\W{0,2}(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2})"),
+)
+
+
+def _newest_first(raws: Sequence[str]) -> bool:
+    """Whether a pasted log runs backwards (log viewers that show the newest line first): its timestamps mostly fall.
+
+    Interleaved processes step back now and then in a normal log; a reversed one steps back nearly always."""
+    back = forward = 0
+    for stamp in _STAMPS:
+        seen = [match.group(1) for match in map(stamp.search, raws) if match]
+        for earlier, later in itertools.pairwise(seen):
+            back += later < earlier
+            forward += later > earlier
+    return back >= 2 and back > 3 * forward
+
+
 def _lines(log_text: str) -> list[_Line]:
+    """The log's records in the order they were written: indentation common to the whole paste removed, a
+    newest-first paste turned round."""
+    raws = textwrap.dedent(log_text).splitlines()
+    if _newest_first(raws):
+        raws.reverse()
     lines: list[_Line] = []
-    for raw in log_text.splitlines():
+    for raw in raws:
         for record in _records(raw):
-            lines.append(_Line(len(lines), *_split_prefix(record)))
+            lines.append(_Line(len(lines), *_split_prefix(record), raw=record))
     return lines
 
 
@@ -277,6 +326,14 @@ def parse_startup_memory(log_text: str) -> StartupMemory:
         current = profiling.group(1) or profiling.group(3)
         values.setdefault("gpu_memory_utilization", float(current))
         values["suggested_utilization"] = float(profiling.group(2) or profiling.group(4))
+        if "profiling is enabled" in profiling.group(0) and totals and totals.group(5) is not None:
+            # Since 0.21 (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1) the summary's "peak activation" already holds
+            # the graph estimate (gpu_worker.py: peak_activation_memory = transient_peak_headroom +
+            # cudagraph_memory_estimate_applied); adding the CUDAGraph figure counted the graphs twice.
+            consumed, peak, graphs = (float(totals.group(i)) for i in range(5, 8))
+            estimate = values.get("graph_pool_estimate_gib")
+            transient = peak - estimate if estimate is not None else peak - graphs
+            values["non_kv_gib"] = round(consumed + max(transient, 0.0) + graphs, 2)
     budget = _first(lines, _V0_BUDGET)
     if budget:
         values.setdefault("device_total_gib", float(budget.group(1)))
@@ -303,22 +360,27 @@ def parse_startup_memory(log_text: str) -> StartupMemory:
 @dataclass(frozen=True)
 class Diagnosis:
     """Why a vLLM server failed: `kind` is one of FAILURE_KINDS, `phase` one of PHASES (or "usage"/"arguments" for
-    bad_flag, None when the log does not show it), `figures` the numbers read from the error."""
+    bad_flag, None when the log does not show it), `figures` the numbers read from the error, `platform` one of
+    PLATFORMS when the log names it (classify_failure and find_memory_error fill it in)."""
 
     kind: FailureKind
     summary: str
     root_cause: tuple[str, ...] = ()
     figures: dict[str, float] = field(default_factory=dict)
     phase: str | None = None
+    platform: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "kind": self.kind,
             "summary": self.summary,
             "root_cause": list(self.root_cause),
             "figures": dict(self.figures),
             "phase": self.phase,
         }
+        if self.platform is not None:  # only when the log named one: older results files have no such key
+            data["platform"] = self.platform
+        return data
 
 
 # Stable fragments of each failure. Checked on error lines only (see _Line.may_be_error).
@@ -341,15 +403,37 @@ _KV_INSUFFICIENT = re.compile(
 # torch's allocator ("CUDA out of memory. Tried to allocate"), the runtime ("CUDA error: out of memory"), the driver
 # API behind expandable segments and cumem ("CUDA driver error: out of memory", "CUDA Error: out of memory at"),
 # older torch ("cuda runtime error (2) : out of memory"), cuBLAS, and the other accelerators.
+# NCCL's "Cuda failure 'out of memory'" is the same CUDA error seen through a collective.
+# The other accelerators vLLM runs on say it their own way: XLA on TPU raises RESOURCE_EXHAUSTED ("Ran out of memory in
+# memory space hbm", "Attempting to reserve 6.14G ... That was not possible"); Level Zero / Unified Runtime on Intel
+# XPU returns UR_RESULT_ERROR_OUT_OF_RESOURCES (40) or ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY; Gaudi's bridge reports
+# "MODULE:PT_DEVMEM Allocation failed"; Ascend says "NPU out of memory".
 _DEVICE_OOM = re.compile(
-    r"\b(?:CUDA|HIP|XPU|NPU) out of memory|OutOfMemoryError|CUDA (?:driver )?error: out of memory"
-    r"|cuda runtime error \(2\) : out of memory|CUBLAS_STATUS_ALLOC_FAILED",
+    r"\b(?:CUDA|HIP|XPU|NPU|HPU) out of memory|OutOfMemoryError|CUDA (?:driver )?(?:error|failure)\W{1,3}out of memory"
+    r"|cuda runtime error \(2\) : out of memory|CUBLAS_STATUS_ALLOC_FAILED"
+    r"|\bRESOURCE_EXHAUSTED\b.{0,200}?(?:memory|allocat|reserve)|_ERROR_OUT_OF_(?:DEVICE_MEMORY|RESOURCES)\b"
+    r"|PT_DEVMEM Allocation failed",
     re.IGNORECASE,
 )
+# The allocator's own report of a failed allocation, whatever the message around it: torch's "Tried to allocate 20.00
+# MiB. GPU 2 has a total capacity of ..." (and IPEX's "Tried to allocate 40.00 GiB (GPU  0; 15.11 GiB total capacity").
+_ALLOCATION_FAILED = re.compile(
+    r"Tried to allocate \d+(?:\.\d+)?\s*[KMGT]?i?B\W+(?:\(\s*)?(?:GPU|XPU|NPU|HPU|device)\s*\d*\W.{0,40}total capacity"
+)
+# Ray's memory monitor killing a worker because the *node* (host RAM) ran low: ray.exceptions.OutOfMemoryError, the
+# "Memory on the node ... exceeds the memory usage threshold" detail, and the raylet's periodic summary. Not device
+# memory, though the exception's name says OutOfMemoryError.
+_RAY_HOST_OOM = re.compile(
+    r"ray\.exceptions\.OutOfMemoryError\b|Task was killed due to the node running low on memory"
+    r"|which exceeds the memory usage threshold of|killed due to memory pressure \(OOM\)"
+)
+# The kernel's OOM killer as dmesg/journal print it: "Out of memory: Killed process 1234 (python)".
+_KERNEL_OOM = re.compile(r"Out of memory: Kill(?:ed)? process")
 _HOST_OOM = re.compile(
     r"on kv cache\s*allocation is less than requested memory for kv|Cannot allocate memory|std::bad_alloc"
     r"|reserved for it on node \d+, leaving none\s*for the KV cache"
     r"|DefaultCPUAllocator: can't allocate memory|(?<![A-Za-z])MemoryError\b"
+    rf"|{_RAY_HOST_OOM.pattern}|{_KERNEL_OOM.pattern}"
 )
 
 # Lines that only point elsewhere ("see root cause above"): never the root cause themselves.
@@ -523,6 +607,9 @@ _PHASE_EVIDENCE: tuple[tuple[str, re.Pattern[str]], ...] = (
             r"\bengine_step\b|\brun_engine_loop\b|\brun_busy_loop\b|\bstep_with_batch_queue\b|_process_engine_step"
             r"|\bstart_worker_execution_loop\b|\boutput_handler\b"  # AsyncLLM's output loop runs once requests come in
             r"|EngineCore encountered a fatal error"
+            # V1 dumps the scheduler's input only when a model step fails; V0's MQ engine reports a dead loop to the
+            # requests waiting on it: both happen only once requests are being served.
+            r"|Dumping (?:input data|scheduler output)|MQEngineDeadError|Engine loop is not running"
         ),
     ),
 )
@@ -571,8 +658,53 @@ def _oom_phase(lines: Sequence[_Line], hit: _Line, running: bool = False) -> str
     """
     ready = [entry.index for entry in lines[: hit.index] if _READY.search(entry.text)]
     scope = lines[ready[-1] :] if ready else lines
-    found = _traceback_phase(scope) or _STAGE_PHASE.get(_stage_before(lines, hit.index))
+    found = _traceback_phase(scope) or _milestone_phase(lines, hit.index)
     return found or ("serving" if running else None)
+
+
+# The weight loader's "Loading weights took N seconds" comes before the weights are post-processed (quantized kernels
+# repack them, MoE experts are rearranged), still inside load_model; a GPU worker marks the end of loading with
+# "Model loading took X GiB" (V1) or "Loading model weights took X GB" (V0). The CPU worker prints only the first.
+_WEIGHTS_READ = re.compile(r"Loading weights took")
+
+
+def _milestone_phase(lines: Sequence[_Line], end: int) -> str | None:
+    """The phase of the step after the last startup milestone logged before line `end`."""
+    last = next((line for line in reversed(lines[:end]) if startup_milestone(line.text) is not None), None)
+    if last is not None and _WEIGHTS_READ.search(last.text) and detect_platform(lines) != "cpu":
+        return "loading_weights"
+    return _STAGE_PHASE.get(_stage_before(lines, end))
+
+
+# The platform a log comes from, by what only that platform's vLLM prints (its worker modules, device_config, its
+# runtime's error codes), most specific first; "cuda" when nothing else is named and CUDA is.
+_PLATFORMS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("tpu", re.compile(r"\bTPU\b|tpu_(?:worker|model_runner|inference)|XLA:TPU|device_config=tpu|platform tpu|jaxlib")),
+    ("hpu", re.compile(r"\bHPU\b|hpu_(?:worker|model_runner)|habana|Gaudi|MODULE:PT_|device_config=hpu", re.I)),
+    ("npu", re.compile(r"\bNPU\b|vllm_ascend|Ascend|device_config=npu")),
+    (
+        "xpu",
+        re.compile(
+            r"\bXPU\b|xpu_(?:worker|model_runner)|device_config=xpu|platform xpu|UR_RESULT_|\bUR backend|level_zero"
+        ),
+    ),
+    ("rocm", re.compile(r"\bHIP\b|\bROCm\b|platform rocm|\bgfx\d{3,4}|PYTORCH_HIP_ALLOC_CONF")),
+    (
+        "cpu",
+        re.compile(
+            r"cpu_(?:worker|model_runner)|CPU KV cache|device_config=cpu|platform cpu|VLLM_CPU_KVCACHE_SPACE"
+            r"|GiB for KV cache|on kv cache\s*allocation|DefaultCPUAllocator"
+        ),
+    ),
+    ("cuda", re.compile(r"\bCUDA\b|\bcuda\b|\bNCCL\b|nvidia|device_config=cuda")),
+)
+PLATFORMS = tuple(name for name, _ in _PLATFORMS)
+
+
+def detect_platform(lines: Sequence[_Line] | str) -> str | None:
+    """The platform the log names first in PLATFORMS' order (one of PLATFORMS), or None when it names none."""
+    text = lines if isinstance(lines, str) else "\n".join(line.raw or line.text for line in lines)
+    return next((name for name, pattern in _PLATFORMS if pattern.search(text)), None)
 
 
 def _related(lines: Sequence[_Line], pattern: re.Pattern[str]) -> list[str]:
@@ -580,8 +712,10 @@ def _related(lines: Sequence[_Line], pattern: re.Pattern[str]) -> list[str]:
 
 
 def _following(lines: Sequence[_Line], hit: _Line, count: int = 3) -> str:
-    """The hit line and the next few, joined: reporters and terminals wrap long messages."""
-    return " ".join(entry.text.strip() for entry in lines[hit.index : hit.index + count])
+    """The hit line and the next few non-blank ones, joined: reporters and terminals wrap long messages (and some
+    pastes put a blank line after every line)."""
+    texts = [entry.text.strip() for entry in lines[hit.index :] if entry.text.strip()]
+    return " ".join(texts[:count])
 
 
 def _device_oom(lines: Sequence[_Line], hit: _Line, running: bool = False) -> Diagnosis:
@@ -826,8 +960,40 @@ def _host_memory(lines: Sequence[_Line], hit: _Line) -> Diagnosis:
             f"node {explicit.group(1)} has {available:.2f} of {total:.2f} GiB available, less than the "
             f"{kv:.2f} GiB KV cache set explicitly"
         )
+    elif _RAY_HOST_OOM.search(joined) or _KERNEL_OOM.search(joined):
+        return _host_kill(lines, related)
     else:
         summary = "the host ran out of memory (RAM, not device memory)"
+    return Diagnosis("host_memory", summary, _dedupe(related), figures, phase)
+
+
+# "Memory on the node (IP: ..) where the task (... memory used=3.37GB) was running was 2152.43GB / 2265.25GB
+# (0.950196), which exceeds the memory usage threshold of 0.95."
+_RAY_NODE_FIGURES = re.compile(
+    rf"memory used=({_NUM})GB\).*?was running was ({_NUM})GB / ({_NUM})GB \(({_NUM})\), which exceeds the memory "
+    rf"usage threshold of ({_NUM})"
+)
+
+
+def _host_kill(lines: Sequence[_Line], related: list[str]) -> Diagnosis:
+    """A process killed for host memory (Ray's memory monitor, the kernel's OOM killer), in the phase the log shows."""
+    match = _RAY_NODE_FIGURES.search(" ".join(entry.text for entry in lines))
+    figures: dict[str, float] = {"host_kill": 1.0}  # a process was killed: no utilization of vLLM's gave it back
+    if _RAY_HOST_OOM.search(" ".join(related)):
+        summary = (
+            "Ray's memory monitor killed a worker because the node ran low on host memory (RAM, not device memory)"
+        )
+        if match:
+            worker, used, total, _, threshold = (float(match.group(i)) for i in range(1, 6))
+            figures.update(host_used_gib=used, host_total_gib=total, worker_gib=worker, threshold=threshold)
+            summary += (
+                f": {used:.2f} of {total:.2f} GB in use, above its {threshold:g} threshold (the killed worker held "
+                f"{worker:.2f} GB)"
+            )
+    else:
+        summary = "the kernel's OOM killer stopped a vLLM process: the host ran out of memory (RAM, not device memory)"
+    hits = [entry for entry in lines if _RAY_HOST_OOM.search(entry.text) or _KERNEL_OOM.search(entry.text)]
+    phase = _oom_phase(lines, hits[0]) if hits else None
     return Diagnosis("host_memory", summary, _dedupe(related), figures, phase)
 
 
@@ -838,7 +1004,9 @@ _MEMORY_PATTERNS = (
     (_PROFILING_ERROR, _profiling_error),
     (_WEIGHTS_OOM, _device_oom),
     (_KV_INSUFFICIENT, _kv_insufficient),
+    (_RAY_HOST_OOM, _host_memory),  # before the device patterns: its exception is also named OutOfMemoryError
     (_DEVICE_OOM, _device_oom),
+    (_ALLOCATION_FAILED, _device_oom),
     (_HOST_OOM, _host_memory),
 )
 
@@ -850,8 +1018,46 @@ def _memory_diagnosis(lines: Sequence[_Line], running: bool = False) -> Diagnosi
         if not line.may_be_error:
             continue
         for pattern, build in _MEMORY_PATTERNS:
-            if pattern.search(line.text):
+            if _matches(pattern, lines, line):
                 return _device_oom(lines, line, running) if build is _device_oom else build(lines, line)
+    return None if running else _kv_figures(lines)
+
+
+def _matches(pattern: re.Pattern[str], lines: Sequence[_Line], line: _Line) -> bool:
+    """Whether the line's message matches, as written or as it read before a terminal or a reporter wrapped it: with
+    the next line appended, mid-word (no space) or between words (a space). A match must start on this line, so a
+    quiet next line (an INFO hint) never makes one on its own."""
+    if pattern.search(line.text):
+        return True
+    following = next((entry.text.strip() for entry in lines[line.index + 1 :] if entry.text.strip()), "")
+    head = line.text.rstrip()
+    if not following or not head:
+        return False
+    for joined in (head + following, f"{head} {following}"):
+        match = pattern.search(joined)
+        if match and match.start() < len(head):
+            return True
+    return False
+
+
+# What the worker measured before the pool was sized, when the error that follows is missing (an excerpt cut before
+# it): V1's "Available KV cache memory: -3.86 GiB", V0's "the rest of the memory reserved for KV Cache is -1.2GiB" and
+# "# GPU blocks: 0". vLLM raises "No available memory for the cache blocks" on each of them.
+_V0_NO_BLOCKS = re.compile(r"# (?:GPU|CUDA|cuda) blocks: 0\b")
+
+
+def _kv_figures(lines: Sequence[_Line]) -> Diagnosis | None:
+    for line in lines:
+        kv = _KV_GIB.search(line.text) or _V0_SPLIT.search(line.text)
+        available = float(kv.group(kv.lastindex or 1)) if kv else None
+        if (available is not None and available <= 0) or _V0_NO_BLOCKS.search(line.text):
+            figures = {"available_gib": available} if available is not None else {}
+            shown = f" ({_format_size(available)})" if available is not None else " (0 blocks)"
+            summary = (
+                f"no memory was left for the KV cache{shown} after weights, activations and graphs (the log shows "
+                "the figure; the error that follows it is not in the log)"
+            )
+            return Diagnosis("kv_cache_insufficient", summary, (line.text.strip(),), figures, "kv_cache_allocation")
     return None
 
 
@@ -1012,11 +1218,12 @@ def classify_failure(log_text: str, returncode: int | None) -> Diagnosis:
     above".
     """
     lines = _lines(log_text)
+    platform = detect_platform(lines)
     diagnosis = _bad_flag(lines) or _memory_diagnosis(lines)
     if diagnosis is not None:
         if returncode is not None:
             diagnosis.figures.setdefault("returncode", float(returncode))
-        return diagnosis
+        return dataclasses.replace(diagnosis, platform=platform)
     figures = {"returncode": float(returncode)} if returncode is not None else {}
     errors = _dedupe(_error_lines(lines))
     if returncode is None:
@@ -1030,15 +1237,32 @@ def classify_failure(log_text: str, returncode: int | None) -> Diagnosis:
     stage = _stage_before(lines, len(lines))
     summary = f"{exited}, while {stage}"
     phase = _traceback_phase(lines)
+    if platform in _UNCLASSIFIED_PLATFORMS:
+        # Their out-of-memory wordings are known (see _DEVICE_OOM); their other errors are not told apart.
+        summary += f" (on {_PLATFORM_NAMES[platform]}, whose errors other than out-of-memory are not classified)"
     if errors:
         summary += f": {errors[0][:200]}"
-        return Diagnosis("crash", summary, errors, figures, phase)
-    return Diagnosis("crash", summary, tuple(_meaningful(lines)[-MAX_ROOT_CAUSE_LINES:]), figures, phase)
+        return Diagnosis("crash", summary, errors, figures, phase, platform)
+    return Diagnosis("crash", summary, tuple(_meaningful(lines)[-MAX_ROOT_CAUSE_LINES:]), figures, phase, platform)
+
+
+_PLATFORM_NAMES = {
+    "tpu": "TPU",
+    "hpu": "Intel Gaudi (HPU)",
+    "npu": "Ascend NPU",
+    "xpu": "Intel XPU",
+    "rocm": "AMD ROCm",
+    "cpu": "CPU",
+    "cuda": "NVIDIA CUDA",
+}
+_UNCLASSIFIED_PLATFORMS = frozenset({"tpu", "hpu", "npu", "xpu"})
 
 
 def find_memory_error(log_text: str) -> Diagnosis | None:
     """A memory error in the log of a running (or just died) server, else None. Used during load."""
-    return _memory_diagnosis(_lines(log_text), running=True)
+    lines = _lines(log_text)
+    diagnosis = _memory_diagnosis(lines, running=True)
+    return dataclasses.replace(diagnosis, platform=detect_platform(lines)) if diagnosis else None
 
 
 def timeout_diagnosis(log_text: str, timeout_s: float) -> Diagnosis:
