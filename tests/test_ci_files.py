@@ -180,6 +180,29 @@ def test_gpu_workflow_runs_the_example_suite_per_tier() -> None:
     assert any(step.get("uses", "").startswith("actions/upload-artifact") for step in job["steps"])
 
 
+def test_each_tier_runs_in_shards_that_a_merge_job_combines() -> None:
+    workflow = load("github-gpu.yml")
+    serving, merge = workflow["jobs"]["serving"], workflow["jobs"]["merge"]
+    assert serving["strategy"]["matrix"]["shard"] == list(range(1, serving["env"]["SHARDS"] + 1))
+    assert serving["env"]["SHARD"] == "${{ matrix.shard }}"
+    command = next(step["run"] for step in serving["steps"] if "pytest" in step.get("run", ""))
+    assert '"--vllm-shard=$SHARD/$SHARDS"' in command
+    upload = next(step for step in serving["steps"] if step.get("name") == "Upload the shard's files")
+    assert upload["with"]["name"] == "vllm-shard-${{ matrix.tier }}-${{ matrix.shard }}"
+    paths = upload["with"]["path"].splitlines()
+    for path in (
+        "results/",
+        "example_suite/baselines/${{ matrix.tier }}.json",
+        "example_suite/baselines/calibration.json",
+    ):
+        assert path in paths
+    assert merge["needs"] == "serving" and merge["strategy"]["matrix"]["tier"] == serving["strategy"]["matrix"]["tier"]
+    download = next(step for step in merge["steps"] if step.get("uses", "").startswith("actions/download-artifact@"))
+    assert download["with"] == {"pattern": "vllm-shard-${{ matrix.tier }}-*", "path": "shards"}
+    script = next(step["run"] for step in merge["steps"] if "run" in step)
+    assert "-m pytest_vllm_mem merge . shards/vllm-shard-*" in script
+
+
 def test_path_options_in_the_templates_use_the_equals_form() -> None:
     """`--vllm-baseline /abs/path` would count as a test path for pytest's rootdir (issue 17)."""
     flags = [item.flag for item in OPTIONS if item.kind != "bool"]
@@ -197,12 +220,13 @@ def test_a_push_to_main_records_baselines_and_opens_a_pull_request() -> None:
     assert serving["env"]["UPDATE_BASELINE"] == "${{ github.event_name == 'push' && '--vllm-update-baseline' || '' }}"
     command = next(step["run"] for step in serving["steps"] if "pytest" in step.get("run", ""))
     assert '"--vllm-baseline=example_suite/baselines/$TIER.json"' in command and "$UPDATE_BASELINE" in command
-    upload = next(step for step in serving["steps"] if step.get("name") == "Upload the recorded baseline")
+    merge = workflow["jobs"]["merge"]  # the shards' baseline files, merged into the repository's
+    upload = next(step for step in merge["steps"] if step.get("name") == "Upload the recorded baseline")
     assert "github.event_name == 'push'" in upload["if"]
     assert upload["with"]["name"] == "vllm-baseline-${{ matrix.tier }}"
     assert upload["with"]["path"] == "example_suite/baselines/${{ matrix.tier }}.json"
     pr = workflow["jobs"]["baseline-pr"]
-    assert pr["needs"] == "serving" and "github.event_name == 'push'" in pr["if"]
+    assert pr["needs"] == "merge" and "github.event_name == 'push'" in pr["if"]
     download = next(step for step in pr["steps"] if step.get("uses", "").startswith("actions/download-artifact@"))
     assert download["with"] == {"pattern": "vllm-baseline-*", "path": "recorded"}
     assert (
