@@ -75,7 +75,7 @@ def test_corpus_failure_kind_and_phase(name: str) -> None:
     assert diagnosis.summary and not any("Engine core initialization failed" in line for line in diagnosis.root_cause)
 
 
-@pytest.mark.parametrize("name", STARTED)
+@pytest.mark.parametrize("name", [_known_miss(name) for name in STARTED])
 def test_corpus_started_logs_parse_and_hold_no_error(name: str) -> None:
     memory = parse_startup_memory(log(name)).to_dict()
     assert {key: memory[key] for key in INDEX[name]["memory"]} == INDEX[name]["memory"]
@@ -961,6 +961,155 @@ def test_a_diagnosis_without_a_platform_keeps_its_old_dict() -> None:
     assert "platform" not in Diagnosis("crash", "x").to_dict()
 
 
+# --- the raising check decides the kind when the message does not (issue 23, second round) ------------------------
+# Tracebacks as Python prints them for vLLM 0.32.0's own checks: the frames' files, line numbers and functions are
+# those of the installed vLLM's source (v1/core/kv_cache_utils.py, v1/worker/utils.py, v1/worker/gpu_worker.py,
+# config/parallel.py); the exception line is cut the way excerpts cut it.
+
+_ENGINE = "(EngineCore pid=90) ERROR 08-07 20:26:05 [core.py:1349] "
+_SITE = "/usr/local/lib/python3.12/dist-packages/vllm"
+
+
+def _traceback(*frames: tuple[str, int, str, str], exception: str) -> str:
+    lines = [f"{_ENGINE}Traceback (most recent call last):"]
+    for path, number, function, source in frames:
+        lines += [f'{_ENGINE}  File "{_SITE}/{path}", line {number}, in {function}', f"{_ENGINE}    {source}"]
+    return "\n".join([*lines, _ENGINE + exception])
+
+
+@pytest.mark.parametrize(
+    "frames, exception, kind, phase",
+    [
+        (
+            [
+                ("v1/core/kv_cache_utils.py", 2190, "get_kv_cache_configs", "_check_enough_kv_cache_memory("),
+                ("v1/core/kv_cache_utils.py", 1030, "_check_enough_kv_cache_memory", "raise ValueError("),
+            ],
+            "ValueError: To serve at le",
+            "kv_cache_insufficient",
+            "kv_cache_allocation",
+        ),
+        (
+            [("v1/core/kv_cache_utils.py", 1010, "_check_enough_kv_cache_memory", "raise ValueError(")],
+            "ValueError: No avail",
+            "kv_cache_insufficient",
+            "kv_cache_allocation",
+        ),
+        (
+            [
+                ("v1/worker/gpu_worker.py", 310, "init_device", "self.requested_memory = request_memory("),
+                ("v1/worker/utils.py", 762, "request_memory", "raise ValueError("),
+            ],
+            "ValueError: Free mem",
+            "insufficient_free_memory",
+            "device_check",
+        ),
+        (
+            [
+                (
+                    "v1/worker/gpu_worker.py",
+                    719,
+                    "determine_available_memory",
+                    "assert init_free_memory >= free_gpu_memory, (",
+                )
+            ],
+            "AssertionError: Error in mem",
+            "memory_profiling_error",
+            "profiling",
+        ),
+        (
+            [("config/parallel.py", 1137, "_verify_args", "raise ValueError(")],
+            "ValueError: Unrecognized distributed executor backend mpx. Supported values are 'ray', 'mp' 'uni', "
+            "'external_launcher', ",
+            "bad_flag",
+            "arguments",
+        ),
+    ],
+)
+def test_the_check_that_raised_names_the_kind_when_the_message_is_cut(
+    frames: list[tuple[str, int, str, str]], exception: str, kind: str, phase: str
+) -> None:
+    diagnosis = classify_failure(_traceback(*frames, exception=exception), 1)
+    assert (diagnosis.kind, diagnosis.phase) == (kind, phase), diagnosis.summary
+    assert f"raised in {frames[-1][2]}" in diagnosis.root_cause
+
+
+@pytest.mark.parametrize(
+    "frames, exception",
+    [
+        # another function raised it: the KV check is only a caller further up
+        (
+            [
+                (
+                    "v1/core/kv_cache_utils.py",
+                    1030,
+                    "_check_enough_kv_cache_memory",
+                    "needed_memory = get_needed_memory()",
+                ),
+                (
+                    "v1/core/kv_cache_utils.py",
+                    1002,
+                    "max_memory_usage_bytes",
+                    "return sum(spec.max_memory_usage_bytes(",
+                ),
+            ],
+            "ValueError: To",
+        ),
+        # the check's own function, but an exception it never raises
+        ([("v1/worker/utils.py", 762, "request_memory", "requested_memory = math.ceil(")], "TypeError: unsupported"),
+    ],
+)
+def test_a_frame_that_did_not_raise_the_check_error_stays_a_crash(
+    frames: list[tuple[str, int, str, str]], exception: str
+) -> None:
+    assert classify_failure(_traceback(*frames, exception=exception), 1).kind == "crash"
+
+
+def test_the_raising_frame_must_be_the_innermost_one() -> None:
+    # A line of its own between the frame and the exception (another record) breaks the link.
+    text = _traceback(
+        ("v1/core/kv_cache_utils.py", 1030, "_check_enough_kv_cache_memory", "raise ValueError("), exception=""
+    )
+    text += "INFO 08-07 20:26:06 [api_server.py:1] shutting down\nValueError: To"
+    assert classify_failure(text, 1).kind == "crash"
+
+
+@pytest.mark.parametrize(
+    "message, flags",
+    [
+        # vllm/config/model.py (0.32.0)
+        (
+            "ValueError: Cannot use --renderer-num-workers > 1 with the multimodal processor cache enabled for pooling "
+            "models. Pooling preprocessing runs on the renderer workers, and the cache is not thread-safe. Please set "
+            "--renderer-num-workers 1 (the default), or disable the cache with --mm-processor-cache-gb 0.",
+            ("--renderer-num-workers", "--mm-processor-cache-gb"),
+        ),
+        # vllm/config/vllm.py (0.32.0), quoted in backticks and behind a worker prefix
+        (
+            "(APIServer pid=1) ERROR 05-01 10:00:00 [utils.py:12] ValueError: Embedding models do not support "
+            "`--runner generate`. Use `--runner pooling` or `--runner auto` for embedding models.",
+            ("--runner",),
+        ),
+    ],
+)
+def test_a_value_error_that_names_a_flag_is_the_configuration_rejected(message: str, flags: tuple[str, ...]) -> None:
+    diagnosis = classify_failure(message, 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("bad_flag", "arguments"), diagnosis.summary
+    assert rejected_flags(diagnosis) == flags
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "ValueError: Unknown dtype: float8_e4m3fnuz",  # config/model.py: no flag named
+        "RuntimeError: CUDA error: no kernel image is available. Try --enforce-eager",  # not a config check's type
+        "ValueError: invalid literal for int() with base 10: 'x' (see https://example.org/a--b)",
+    ],
+)
+def test_a_value_error_without_a_flag_or_another_error_naming_one_stays_a_crash(message: str) -> None:
+    assert classify_failure(message, 1).kind == "crash"
+
+
 # --- the score script ----------------------------------------------------------------------------------------------
 
 
@@ -983,6 +1132,8 @@ def test_the_held_out_split_is_the_hash_rule_over_the_issue_23_batch() -> None:
     assert not any(score.is_held_out(name, entry) for name, entry in INDEX.items() if "batch" not in entry)  # type: ignore[attr-defined]
     blind = [name for name, entry in INDEX.items() if entry.get("batch") == "issue23-blind"]
     assert len(blind) == 13
+    blind2 = [name for name, entry in INDEX.items() if entry.get("batch") == "issue23-blind2"]
+    assert len(blind2) == 27 and not any(score.is_held_out(name, INDEX[name]) for name in blind2)  # type: ignore[attr-defined]
 
 
 def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.CaptureFixture[str]) -> None:
@@ -990,5 +1141,10 @@ def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.Captu
     assert score.main([]) == 0  # type: ignore[attr-defined]
     out = capsys.readouterr().out
     assert "corpus: 87/87 logs right" in out
-    assert "held-out third of issue 23's logs: 10/11 logs right" in out
-    assert "blind batch (collected after the rules froze): 12/13 logs right" in out
+    # The two earlier misses pass since the raising-check and flag-naming rules, written after they were seen.
+    assert (
+        "held-out third of issue 23's logs: 11/11 logs right" in out and "(1 of them seen before a later rule)" in out
+    )
+    assert "blind batch (collected after the rules froze): 13/13 logs right" in out
+    # Scored once with the rules frozen at BLIND2_RULES_SHA256; its misses are strict xfails, not rules.
+    assert "blind batch 2 (collected after the rules froze again): 22/27 logs right" in out

@@ -9,7 +9,8 @@ graph capture, sampler warm-up, wake-up, serving), not guessed from which progre
 Logs are read the way they reach users (issue 23): quoted, boxed, indented, wrapped, newest-first, with colour codes
 escaped as text. Evidence comes before wording: a KV figure at or below zero, the allocator's own report of a failed
 allocation, Ray's and the kernel's kills of a process for host memory, and the out-of-memory codes of the other
-accelerators vLLM runs on (TPU, XPU, Gaudi, Ascend), whose platform the diagnosis names.
+accelerators vLLM runs on (TPU, XPU, Gaudi, Ascend), whose platform the diagnosis names. When a message is cut off,
+the vLLM check that raised it (the innermost traceback frame) still names the failure.
 """
 
 from __future__ import annotations
@@ -1157,6 +1158,92 @@ def _bad_flag(lines: Sequence[_Line]) -> Diagnosis | None:
     return None
 
 
+# When the message itself is cut off or worded in a way no rule knows, the function that raised it still says which
+# check failed: vLLM raises each of these failures from one check of its own (vllm/v1/core/kv_cache_utils.py,
+# vllm/v1/worker/utils.py, vllm/v1/worker/gpu_worker.py, vllm/config/*.py; V0's worker.py), always with the exception
+# named here. (raising function, exception type, kind, phase, what the check is)
+_RAISING_CHECKS: tuple[tuple[re.Pattern[str], str, FailureKind, str, str], ...] = (
+    (
+        re.compile(r"_?check_enough_kv_cache_memory|raise_if_cache_size_invalid"),
+        "ValueError",
+        "kv_cache_insufficient",
+        "kv_cache_allocation",
+        "the check that the KV cache holds one max_model_len sequence",
+    ),
+    (
+        re.compile(r"request_memory"),
+        "ValueError",
+        "insufficient_free_memory",
+        "device_check",
+        "the check that enough device memory is free at startup",
+    ),
+    (
+        re.compile(r"determine_available_memory"),
+        "AssertionError",
+        "memory_profiling_error",
+        "profiling",
+        "the check that free memory fell while profiling",
+    ),
+    (
+        re.compile(r"_?(?:get_and_)?verify_\w+|_verify_args"),
+        "ValueError",
+        "bad_flag",
+        "arguments",
+        "a configuration check",
+    ),
+)
+_FRAME = re.compile(r'^\s*File "[^"]*", line \d+, in (\w+)\s*$')
+_RAISED = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?P<type>[A-Za-z_]\w*(?:Error|Exception))\b:?\s*(?P<message>.*)$")
+_FRAME_SOURCE_LINES = 8  # source and caret lines Python prints between a frame and the exception it raised
+
+
+def _raising_function(lines: Sequence[_Line], position: int) -> str | None:
+    """The function of the innermost frame right above the exception line at `position` (only the frame's source
+    lines between them), or None when the exception line does not end a traceback."""
+    for entry in reversed(lines[max(0, position - _FRAME_SOURCE_LINES) : position]):
+        frame = _FRAME.match(entry.text)
+        if frame:
+            return frame.group(1)
+        if entry.text.strip() and not entry.text[:1].isspace():
+            return None  # a line of its own, not a frame's source: the exception did not come from that frame
+    return None
+
+
+def _raised_by_check(lines: Sequence[_Line]) -> Diagnosis | None:
+    """A failure told by the vLLM check that raised it (_RAISING_CHECKS), whatever its message says."""
+    for position, line in enumerate(lines):
+        raised = _RAISED.match(line.text.strip()) if line.may_be_error else None
+        function = _raising_function(lines, position) if raised else None
+        if raised is None or function is None:
+            continue
+        for pattern, exception, kind, phase, check in _RAISING_CHECKS:
+            if pattern.fullmatch(function) and raised.group("type") == exception:
+                summary = (
+                    f"{check} failed: {function} raised {raised.group(0).strip()[:120]!r} (the log does not show the "
+                    "message in a wording the rules know; the raising function tells which check it was)"
+                )
+                return Diagnosis(kind, summary, (line.text.strip(), f"raised in {function}"), {}, phase)
+    return None
+
+
+# vLLM's configuration checks and its platform plugins name the flag a user must change when they reject a config
+# ("Use --enforce-eager.", "Increase `--tensor-parallel-size`", "Set --max_model_len to 32768 or lower"); a
+# ValueError that names a command-line flag is the configuration rejected before anything ran.
+_FLAG_TOKEN = re.compile(r"(?<![\w/.-])--[a-z][a-z0-9]*(?:[-_][a-z0-9]+)+|(?<![\w/.-])--[a-z]{3,}\b")
+
+
+def _flag_named(lines: Sequence[_Line]) -> Diagnosis | None:
+    for line in lines:
+        raised = _RAISED.match(line.text.strip().strip("`*")) if line.may_be_error else None
+        if raised is None or raised.group("type") != "ValueError":
+            continue
+        flags = _dedupe(_FLAG_TOKEN.findall(raised.group("message")))
+        if flags:
+            summary = f"the configuration was rejected (the error names {', '.join(flags)}): {raised.group('message')}"
+            return Diagnosis("bad_flag", summary[:400], (line.text.strip(),), {}, "arguments")
+    return None
+
+
 def rejected_flags(diagnosis: Diagnosis) -> tuple[str, ...]:
     """The flags a bad_flag diagnosis names: ('--swap-space',) or ('gpu_memory_utilization',) for a value error."""
     if diagnosis.kind != "bad_flag" or diagnosis.phase == "usage":
@@ -1174,6 +1261,9 @@ def rejected_flags(diagnosis: Diagnosis) -> tuple[str, ...]:
             # pydantic names the field on its own line; "Value error, ..." lines name none.
             field_line = diagnosis.root_cause[position + 1]
             return (field_line,) if re.fullmatch(r"[\w.]+", field_line) else ()
+        raised = _RAISED.match(text.strip("`*"))
+        if raised and raised.group("type") == "ValueError" and _FLAG_TOKEN.search(raised.group("message")):
+            return _dedupe(_FLAG_TOKEN.findall(raised.group("message")))
     return ()
 
 
@@ -1213,13 +1303,14 @@ def _signal_name(returncode: int) -> str:
 def classify_failure(log_text: str, returncode: int | None) -> Diagnosis:
     """Why a vLLM server exited (or was stopped) before it became healthy.
 
-    A rejected flag or a usage error wins (nothing else ran); then the earliest memory error; otherwise `crash`
-    quoting the earliest specific error lines, never the generic "Engine core initialization failed. See root cause
-    above".
+    A rejected flag or a usage error wins (nothing else ran); then the earliest memory error; then what the vLLM
+    check that raised the error tells (its message cut off or in no known wording), and a ValueError that names a
+    command-line flag; otherwise `crash` quoting the earliest specific error lines, never the generic "Engine core
+    initialization failed. See root cause above".
     """
     lines = _lines(log_text)
     platform = detect_platform(lines)
-    diagnosis = _bad_flag(lines) or _memory_diagnosis(lines)
+    diagnosis = _bad_flag(lines) or _memory_diagnosis(lines) or _raised_by_check(lines) or _flag_named(lines)
     if diagnosis is not None:
         if returncode is not None:
             diagnosis.figures.setdefault("returncode", float(returncode))
