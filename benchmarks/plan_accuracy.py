@@ -152,22 +152,58 @@ def _summarize(
     return 0 if met and summary["kv_tokens_within_target"] == summary["kv_tokens_rows"] else 1
 
 
-def gpu_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every public startup row planned from its model's architecture, uncalibrated."""
-    models = data["models"]
-    rows = []
-    for entry in data["startups"]:
-        model = models[entry["model"]]
-        info = model_info_from_config(model["config"], name=entry["model"])
-        card = Card("cuda", entry["gpu"], int(entry["total_gib"] * GIB), nvlink=entry.get("nvlink", True))
-        flags = dict(entry.get("flags", {}))
-        predicted: Plan = plan(
+def _card_class(entry: dict[str, Any]) -> str:
+    """Which kind of card a row ran on: the plan's terms differ by memory size and interconnect."""
+    gpu = str(entry["gpu"]).lower()
+    if entry.get("outcome") == "refused":
+        return "any (refused before allocation)"
+    if "a100" in gpu:
+        return "A100"
+    if entry["total_gib"] >= 70:
+        return "datacentre >=70 GiB (H100/H200/B200/MI300X)"
+    if entry.get("nvlink", True) is False or any(k in gpu for k in ("rtx", "3090", "4090", "5090", "a6000")):
+        return "consumer/workstation (PCIe)"
+    return "other"
+
+
+def _release_family(version: str) -> str:
+    parts = version.split(".")
+    minor = int("".join(ch for ch in parts[1] if ch.isdigit()) or 0) if len(parts) > 1 else 0
+    if int(parts[0]) == 0 and minor < 8:
+        return "V0 (< 0.8)"
+    if int(parts[0]) == 0 and minor < 21:
+        return "V1 0.8-0.20 (graphs outside the budget)"
+    return "V1 0.21+ (graph estimate in the budget)"
+
+
+def _plan_entry(entry: dict[str, Any], models: dict[str, Any], calibration: Any = None) -> tuple[Plan | None, str]:
+    """The plan of one row, or None and the reason the plan refused it (vLLM's refusal, or unsupported)."""
+    from pytest_vllm_mem.plan.memory_plan import PlanError, PlanUnsupported
+    from pytest_vllm_mem.plan.modelinfo import ModelInfoError
+
+    card = Card("cuda", entry["gpu"], int(entry["total_gib"] * GIB), nvlink=entry.get("nvlink", True))
+    try:
+        info = model_info_from_config(models[entry["model"]]["config"], name=entry["model"])
+        predicted = plan(
             info,
-            flags,
+            dict(entry.get("flags", {})),
             card,
             vllm_version=entry["vllm_version"],
             default_utilization=entry.get("default_utilization", 0.9),
+            calibration=calibration,
         )
+    except PlanUnsupported as error:
+        return None, f"unsupported: {error}"
+    except (PlanError, ModelInfoError) as error:
+        return None, f"refused: {error}"
+    return predicted, ""
+
+
+def gpu_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every public startup row planned from its model's architecture, uncalibrated."""
+    rows = []
+    for entry in data["startups"]:
+        predicted, reason = _plan_entry(entry, data["models"])
         logged = entry["logged"]
         real = entry.get("outcome", "fits")
         row: dict[str, Any] = {
@@ -176,10 +212,19 @@ def gpu_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
             "gpu": entry["gpu"],
             "vllm_version": entry["vllm_version"],
             "source": entry["source"],
-            "planned_verdict": predicted.verdict,
-            "planned_sure": predicted.sure,
+            "split": entry.get("split", "fit"),
+            "collected": entry.get("collected"),
+            "after_rules": bool(entry.get("collected_after_rules")) and not entry.get("used_for_fit"),
+            "used_for_fit": entry.get("used_for_fit"),
+            "card_class": _card_class(entry),
+            "release_family": _release_family(entry["vllm_version"]),
             "real_verdict": real,
         }
+        if predicted is None:
+            row.update(planned_verdict=reason.split(":")[0], planned_reason=reason, planned_sure=True)
+            rows.append(row)
+            continue
+        row["planned_verdict"], row["planned_sure"] = predicted.verdict, predicted.sure
         terms = {
             "weights_gib": predicted.weights.value,
             "activation_gib": predicted.activation.value,
@@ -194,18 +239,7 @@ def gpu_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
         row["planned_kv_tokens"] = predicted.kv_tokens.value
         row["logged_kv_tokens"] = logged.get("kv_tokens")
         row["kv_tokens_error"] = _error(predicted.kv_tokens.value, logged.get("kv_tokens"))
-        # The KV arithmetic alone: logged KV GiB -> tokens with the plan's bytes per token and block count.
-        if logged.get("kv_cache_gib") is not None and logged.get("kv_tokens"):
-            from pytest_vllm_mem.plan.memory_plan import _tokens
-
-            tokens, _ = _tokens(
-                int(logged["kv_cache_gib"] * GIB),
-                predicted.kv_bytes_per_token,
-                predicted.block_size,
-                predicted.max_model_len,
-            )
-            row["kv_arithmetic_error"] = _error(tokens, logged["kv_tokens"])
-        calibrated = _calibrated_from_sibling(data, entry, info, card, flags)
+        calibrated = _calibrated_from_sibling(data, entry)
         if calibrated is not None:
             row["calibrated_from"], cal_plan = calibrated
             row["calibrated_kv_cache_gib_error"] = _error(cal_plan.kv_bytes.value / GIB, logged.get("kv_cache_gib"))
@@ -214,9 +248,7 @@ def gpu_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _calibrated_from_sibling(
-    data: dict[str, Any], entry: dict[str, Any], info: Any, card: Card, flags: dict[str, Any]
-) -> tuple[str, Plan] | None:
+def _calibrated_from_sibling(data: dict[str, Any], entry: dict[str, Any]) -> tuple[str, Plan] | None:
     """The plan of `entry` calibrated from another startup of the same model, release, GPU and flag shape (another
     max_model_len): what the plugin does on the next run. None when there is no such sibling."""
     from pytest_vllm_mem.plan.calibration import SHAPE_FLAGS, from_startup
@@ -229,64 +261,145 @@ def _calibrated_from_sibling(
             continue
         if other["logged"].get("weights_gib") is None or other["logged"].get("kv_cache_gib") is None:
             continue
-        other_flags = dict(other.get("flags", {}))
-        first = plan(
-            info,
-            other_flags,
-            card,
-            vllm_version=other["vllm_version"],
-            default_utilization=other.get("default_utilization", 0.9),
-        )
-        calibration = from_startup(first, other["logged"])
+        first, _ = _plan_entry(other, data["models"])
+        calibration = from_startup(first, other["logged"]) if first is not None else None
         if calibration is None:
             continue
-        return other["id"], plan(
-            info,
-            flags,
-            card,
-            vllm_version=entry["vllm_version"],
-            default_utilization=entry.get("default_utilization", 0.9),
-            calibration=calibration,
-        )
+        second, _ = _plan_entry(entry, data["models"], calibration)
+        if second is not None:
+            return other["id"], second
     return None
 
 
-def run_gpu(out: Path | None) -> int:
+def _verdict_right(row: dict[str, Any]) -> bool:
+    return bool(row["planned_verdict"] == row["real_verdict"])
+
+
+def _table(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    """Per group: rows, plans (not refusals) of configs vLLM started or failed on memory, verdicts right, KV GiB
+    within 5%, calibrated KV within 1%, refusals right."""
+    out = []
+    for group in sorted({r[key] for r in rows}):
+        members = [r for r in rows if r[key] == group]
+        memory_rows = [r for r in members if r["real_verdict"] != "refused"]
+        kv = [abs(r["kv_cache_gib_error"]) for r in members if r.get("kv_cache_gib_error") is not None]
+        cal = [
+            abs(r["calibrated_kv_cache_gib_error"])
+            for r in members
+            if r.get("calibrated_kv_cache_gib_error") is not None
+        ]
+        refusals = [r for r in members if r["real_verdict"] == "refused"]
+        out.append(
+            {
+                key: group,
+                "rows": len(members),
+                "planned": sum(r["planned_verdict"] not in ("refused", "unsupported") for r in memory_rows),
+                "memory_rows": len(memory_rows),
+                "verdicts_right": sum(_verdict_right(r) for r in members),
+                "kv_within_5pct": sum(e <= 0.05 for e in kv),
+                "kv_rows": len(kv),
+                "kv_mean_abs_error": statistics.mean(kv) if kv else None,
+                "calibrated_within_1pct": sum(e <= 0.01 for e in cal),
+                "calibrated_rows": len(cal),
+                "refusals_right": sum(r["planned_verdict"] == "refused" for r in refusals),
+                "refusal_rows": len(refusals),
+            }
+        )
+    return out
+
+
+def _print_table(title: str, table: list[dict[str, Any]], key: str) -> None:
+    """A markdown table (the docs quote it as printed)."""
+    print(f"\n{title}\n")
+    print(
+        "| group | rows | planned | verdicts right | KV GiB within 5% | KV mean abs error | calibrated within 1% "
+        "| refusals right |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for t in table:
+        mean = "-" if t["kv_mean_abs_error"] is None else f"{t['kv_mean_abs_error'] * 100:.1f}%"
+        cells = [
+            str(t[key]),
+            str(t["rows"]),
+            f"{t['planned']}/{t['memory_rows']}",
+            f"{t['verdicts_right']}/{t['rows']}",
+            f"{t['kv_within_5pct']}/{t['kv_rows']}",
+            mean,
+            f"{t['calibrated_within_1pct']}/{t['calibrated_rows']}",
+            f"{t['refusals_right']}/{t['refusal_rows']}",
+        ]
+        print("| " + " | ".join(cells) + " |")
+
+
+def run_gpu(out: Path | None, show_holdout: bool = True) -> int:
     data = json.loads(DATA.read_text())
     rows = gpu_rows(data)
     for row in rows:
+        if (row["split"] == "holdout" or row["after_rules"]) and not show_holdout:
+            continue
         print(
-            f"{row['id']:<40} {row['planned_verdict']:<22} {row['real_verdict']:<22} "
-            f"tokens {_pct(row['kv_tokens_error'])}  kv {_pct(row['kv_cache_gib_error'])}  "
-            f"act {_pct(row['activation_gib_error'])}  graph {_pct(row['graph_gib_error'])}",
+            f"{row['split']:<7} {row['id']:<52} {row['planned_verdict']:<22} {row['real_verdict']:<22} "
+            f"kv {_pct(row.get('kv_cache_gib_error'))}  tokens {_pct(row.get('kv_tokens_error'))}",
             flush=True,
         )
-    per_term: dict[str, Any] = {}
-    for term in (
-        "weights_gib",
-        "activation_gib",
-        "non_torch_gib",
-        "graph_gib",
-        "kv_cache_gib",
-        "kv_tokens",
-        "kv_arithmetic",
-        "calibrated_kv_cache_gib",
-        "calibrated_kv_tokens",
-    ):
+    for row in rows:
+        row["out_of_sample"] = row["split"] == "holdout" or row["after_rules"]
+        if row["split"] == "holdout":
+            row["set"] = "held-out (hash rule, not read while writing rules)"
+        elif row["after_rules"]:
+            row["set"] = "out of sample: found after the rules were written"
+        elif row["used_for_fit"]:
+            row["set"] = "in-sample: found after, then a term fitted on them"
+        elif row["collected"]:
+            row["set"] = "in-sample: collected 2026-12, rules written on them"
+        else:
+            row["set"] = "in-sample: the 45 rows the constants were set on"
+    tables = {key: _table(rows, key) for key in ("set", "release_family", "card_class")}
+    shown = rows if show_holdout else [r for r in rows if not r["out_of_sample"]]
+    _print_table("by set", _table(shown, "set"), "set")
+    held = [r for r in rows if r["out_of_sample"]]
+    if show_holdout:
+        _print_table(
+            "out-of-sample rows (held-out + found after) by release family",
+            _table(held, "release_family"),
+            "release_family",
+        )
+        _print_table("out-of-sample rows by card class", _table(held, "card_class"), "card_class")
+    fit = [r for r in rows if not r["out_of_sample"]]
+    _print_table("in-sample rows by release family", _table(fit, "release_family"), "release_family")
+    _print_table("in-sample rows by card class", _table(fit, "card_class"), "card_class")
+    per_term = {name: _per_term(group) for name, group in (("in_sample", fit), ("out_of_sample", held))}
+    print("\nper term, mean signed / mean abs error (rows):")
+    for name, terms in per_term.items():
+        cells = [
+            f"{t} {v['mean_signed_error'] * 100:+.1f}% / {v['mean_abs_error'] * 100:.1f}% ({v['rows']})"
+            for t, v in terms.items()
+        ]
+        print(f"  {name}: " + "; ".join(cells))
+    summary = {
+        "rows": len(rows),
+        "tables": tables,
+        "out_of_sample": _table(held, "out_of_sample"),
+        "per_term": per_term,
+    }
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2) + "\n")
+    right = sum(_verdict_right(r) for r in held)
+    return 0 if held and right / len(held) >= 0.95 else 1
+
+
+def _per_term(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    out = {}
+    for term in ("weights_gib", "activation_gib", "non_torch_gib", "graph_gib", "kv_cache_gib", "kv_tokens"):
         values = [r[f"{term}_error"] for r in rows if r.get(f"{term}_error") is not None]
         if values:
-            per_term[term] = {
+            out[term] = {
                 "mean_signed_error": statistics.mean(values),
                 "mean_abs_error": statistics.mean(abs(v) for v in values),
                 "rows": len(values),
             }
-    return _summarize(
-        "gpu (public startup logs, architecture only, uncalibrated)",
-        rows,
-        out,
-        tokens_target=0.05,
-        extra={"per_term": per_term},
-    )
+    return out
 
 
 def _pct(value: float | None) -> str:
@@ -302,9 +415,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="cpu: the out-of-sample cases (run after the constants were set from the default ones)",
     )
+    parser.add_argument(
+        "--fit-only",
+        action="store_true",
+        help="gpu: print no held-out row and no held-out table (while rules are being written)",
+    )
     args = parser.parse_args(argv)
     if args.which == "gpu":
-        return run_gpu(args.json)
+        return run_gpu(args.json, show_holdout=not args.fit_only)
     return run_cpu(args.json, HOLDOUT_CASES if args.holdout else CPU_CASES)
 
 
