@@ -125,23 +125,43 @@ def test_tuner_trials_decided_by_the_plan_do_not_spend_startups() -> None:
 
 
 def test_a_real_startup_becomes_the_sessions_calibration_and_is_kept_with_the_baselines(tmp_path: Path) -> None:
-    from types import SimpleNamespace
-
     from pytest_vllm_mem.config import VLLMConfig
     from pytest_vllm_mem.diagnosis.diagnose import StartupMemory
-    from pytest_vllm_mem.plan.preflight import calibration_path, learn_from_startup
+    from pytest_vllm_mem.plan.preflight import SessionPlan, SessionPlans, calibration_path, learn_from_startup
 
     info = model_info_from_config(LLAMA2_7B, name="llama")
     first = plan(info, {"gpu_memory_utilization": 0.9}, Card("cuda", "L4", int(22.03 * GIB)), vllm_version="0.33.0")
     launched = VLLMConfig("llama", gpu_memory_utilization=0.9)
-    settings = SimpleNamespace(vllm_update_baseline=True, vllm_baseline=tmp_path / "baselines.json")
-    state = SimpleNamespace(settings=settings, plan_objects={launched: (first, "llama|0.33.0|L4|")}, calibrations={})
+    store = calibration_path(tmp_path / "baselines.json")
+    state = SessionPlans()
+    state.plans[launched] = SessionPlan(first, "llama|0.33.0|L4|", launched, lambda flags: first)
     memory = StartupMemory(weights_gib=12.55, kv_cache_gib=5.02, graph_capture_gib=0.61)
-    learn_from_startup(state, launched, memory, None)
+    learn_from_startup(state, launched, memory, None, store)
     assert state.calibrations["llama|0.33.0|L4|"].weights_bytes == int(12.55 * GIB)
-    stored = CalibrationStore(calibration_path(settings)).get("llama|0.33.0|L4|")
-    assert stored == state.calibrations["llama|0.33.0|L4|"]
-    settings.vllm_update_baseline = False  # without --vllm-update-baseline nothing is written
-    calibration_path(settings).unlink()
+    assert CalibrationStore(store).get("llama|0.33.0|L4|") == state.calibrations["llama|0.33.0|L4|"]
+    store.unlink()  # without a store (no --vllm-update-baseline) nothing is written
     learn_from_startup(state, launched, memory, None)
-    assert not calibration_path(settings).exists()
+    assert not store.exists()
+
+
+def test_plan_command_refuses_bad_input_in_one_paragraph_and_configs_vllm_refuses_with_its_reason(
+    llama_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    not_json = tmp_path / "calibration.txt"
+    not_json.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    for argv, says in (
+        (["--json", "/proc/x.json"], "cannot be written"),
+        (["--vllm-version", "banana"], "is not a vLLM version"),
+        (["--calibration", str(not_json)], "is not a calibration file"),
+        (["--calibration", str(tmp_path / "absent.json")], "cannot be read as a calibration file"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["plan", "--model", str(llama_folder), *argv])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and says in err and "Traceback" not in err
+        assert len([line for line in err.splitlines() if "error:" in line]) == 1
+    # vLLM's own refusals are predictions (exit 1), with vLLM's reason
+    code = main(["plan", "--model", str(llama_folder), "--flag", "tensor_parallel_size=3"])
+    assert code == 1 and "must be divisible by tensor parallel size (3)" in capsys.readouterr().out
+    code = main(["plan", "--model", str(llama_folder), "--flag", "quantization=bogus"])
+    assert code == 1 and "Unknown quantization method: bogus" in capsys.readouterr().out

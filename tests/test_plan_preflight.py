@@ -94,17 +94,16 @@ def test_preflight_tier_and_report_cell() -> None:
 
 
 def test_real_run_record_keeps_plan_beside_logged_figures() -> None:
-    from types import SimpleNamespace
-
     from pytest_vllm_mem.config import VLLMConfig
     from pytest_vllm_mem.plan.memory_plan import GIB, Card, plan
     from pytest_vllm_mem.plan.modelinfo import model_info_from_config
-    from pytest_vllm_mem.plan.preflight import plan_record
+    from pytest_vllm_mem.plan.preflight import SessionPlan, SessionPlans, plan_record
 
     info = model_info_from_config(LLAMA2_7B, name="llama")
     result = plan(info, {"gpu_memory_utilization": 0.9}, Card("cuda", "L4", int(22.03 * GIB)), vllm_version="0.33.0")
     launched = VLLMConfig("llama", gpu_memory_utilization=0.9)
-    state = SimpleNamespace(plans={launched: result.to_dict()}, plan_objects={launched: (result, "key")})
+    state = SessionPlans(reports={launched: result.to_dict()})
+    state.plans[launched] = SessionPlan(result, "key", launched, lambda flags: result)
     logged = {"weights_gib": 12.55, "kv_cache_gib": 5.0, "kv_cache_tokens": 10240}
     record = plan_record(state, launched, logged)
     assert record is not None and record["verdict"] == result.verdict

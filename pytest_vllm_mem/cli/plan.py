@@ -1,6 +1,8 @@
 """`python -m pytest_vllm_mem plan ...`: one model's memory plan and the ladder of strategies, without a server.
 
-Exit 0 when the config is predicted to fit, 1 when not, 2 on bad input (an argparse error naming it).
+Exit 0 when the config is predicted to fit, 1 when not (or when vLLM would refuse it, with vLLM's reason), 2 on bad
+input (an argparse error naming it: a version that is not one, an unreadable calibration file, a --json path that
+cannot be written).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_vllm_mem.cli.args import env_arg, print_line, split_flag, tier_arg
+from pytest_vllm_mem.versions import DEFAULT_UTILIZATION, default_utilization
 
 EXIT_FITS, EXIT_DOES_NOT_FIT = 0, 1
 
@@ -38,6 +41,59 @@ def _plan_flag(text: str) -> tuple[str, Any]:
     if key in ("model", "host", "port"):
         raise argparse.ArgumentTypeError(f"{text!r} {invalid}")
     return key, value
+
+
+def version_arg(text: str) -> str:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        Version(text)
+    except InvalidVersion:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a vLLM version: write a release number such as 0.33.0 or 0.21.1 (the plan's terms "
+            "depend on it: CUDA graphs count in the budget since 0.21)"
+        ) from None
+    return text
+
+
+def calibration_arg(text: str) -> Path:
+    """A calibration file the plugin wrote (calibration.json beside the baselines): readable, JSON, its format."""
+    from pytest_vllm_mem.plan.calibration import FORMAT_VERSION
+
+    path = Path(text)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as error:
+        raise argparse.ArgumentTypeError(f"{text!r} cannot be read as a calibration file ({error})") from None
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a calibration file: it is not JSON (the plugin writes calibration.json beside the "
+            "baselines with --vllm-update-baseline)"
+        ) from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT_VERSION or not isinstance(data.get("entries"), dict):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a calibration file: expected a JSON object with format {FORMAT_VERSION} and entries "
+            "(the plugin writes calibration.json beside the baselines with --vllm-update-baseline)"
+        )
+    return path
+
+
+def json_out_arg(text: str) -> Path:
+    """A path the plan can be written to: checked before planning, so a typo fails at once and in one line."""
+    import tempfile
+
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"--json {text!r} is a directory: give a file name, e.g. {text}/plan.json")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name, suffix=".probe"):
+            pass
+    except OSError as error:
+        raise argparse.ArgumentTypeError(
+            f"--json {text!r} cannot be written ({error.strerror or error}): give a path in a writable directory"
+        ) from None
+    return path
 
 
 def add_plan_parser(commands: Any) -> None:
@@ -82,22 +138,30 @@ def add_plan_parser(commands: Any) -> None:
     )
     add(
         "--vllm-version",
+        type=version_arg,
         default=None,
         help="vLLM release to plan for (default: the installed one; before 0.21 CUDA graphs are outside the budget)",
     )
     add(
         "--calibration",
-        type=Path,
+        type=calibration_arg,
         default=None,
         metavar="PATH",
         help="calibration file written by real runs (default: none; the plugin keeps it beside the baselines)",
     )
-    add("--json", type=Path, default=None, metavar="PATH", help="also write the plan and the ladder to this file")
+    add(
+        "--json",
+        type=json_out_arg,
+        default=None,
+        metavar="PATH",
+        help="also write the plan and the ladder to this file",
+    )
     plan_parser.set_defaults(run=run_plan, command_parser=plan_parser)
 
 
 def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from pytest_vllm_mem.plan.calibration import CalibrationStore
+    from pytest_vllm_mem.plan.errors import PlanRefused
     from pytest_vllm_mem.plan.memory_plan import PlanError, plan
     from pytest_vllm_mem.plan.modelinfo import ModelInfoError, load_model_info
     from pytest_vllm_mem.plan.preflight import card_for, ladder, ladder_table, scaled_flags
@@ -122,16 +186,23 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             total, device_name = device.total_bytes, device.name
     tier = resolve_tier(args.tier, total or 0)
     card = card_for(args.backend, tier, device_name=device_name, device_total=total, available=available)
-    flags = scaled_flags(dict(args.flag), tier, card, 0.92)
+    # The plan counts an unknown release as a current one (versions.release_or_latest), so its default too.
+    default = default_utilization(version) if version else DEFAULT_UTILIZATION
+    flags = scaled_flags(dict(args.flag), tier, card, default)
     try:
         info = load_model_info(model)
         calibration = None
         if args.calibration is not None:
             calibration = CalibrationStore(args.calibration).find(model, version, flags)
+            if calibration is None:
+                print_line(
+                    f"note: {args.calibration} has no entry for {model} on vLLM {version or '?'} with these flags; "
+                    "planned uncalibrated"
+                )
         common: dict[str, Any] = {
             "env": dict(args.env),
             "vllm_version": version,
-            "default_utilization": 0.92,
+            "default_utilization": default,
             "tier_bytes": None if tier.auto else tier.bytes,
             "calibration": calibration,
         }
@@ -140,9 +211,13 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             info,
             {k: v for k, v in dict(args.flag).items() if k != "gpu_memory_utilization"},
             card,
-            launch=lambda f: scaled_flags(f, tier, card, 0.92),
+            launch=lambda f: scaled_flags(f, tier, card, default),
             **common,
         )
+    except PlanRefused as refused:
+        print_line(f"{model} on {card.name}, vLLM {version or '?'}")
+        print_line(f"  verdict     refused: {refused}")
+        return EXIT_DOES_NOT_FIT
     except (PlanError, ModelInfoError) as error:
         parser.error(str(error))
     for line in result.lines():
@@ -152,21 +227,25 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     for line in ladder_table(rungs):
         print_line("  " + line)
     if args.json is not None:
-        document = {
-            "plan": result.to_dict(),
-            "ladder": [
-                {
-                    "rung": r.name,
-                    "flags": r.flags,
-                    "plan": r.plan.to_dict(),
-                    "lowest_utilization": r.lowest_utilization,
-                    "highest_utilization": r.highest_utilization,
-                }
-                for r in rungs
-            ],
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.json.with_name(args.json.name + ".tmp")
-        tmp.write_text(json.dumps(document, indent=2) + "\n")
-        tmp.replace(args.json)
+        _write_json(args.json, result, rungs)
     return EXIT_FITS if result.fits else EXIT_DOES_NOT_FIT
+
+
+def _write_json(path: Path, result: Any, rungs: Any) -> None:
+    document = {
+        "plan": result.to_dict(),
+        "ladder": [
+            {
+                "rung": r.name,
+                "flags": r.flags,
+                "plan": r.plan.to_dict(),
+                "lowest_utilization": r.lowest_utilization,
+                "highest_utilization": r.highest_utilization,
+            }
+            for r in rungs
+        ],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(document, indent=2) + "\n")
+    tmp.replace(path)

@@ -17,27 +17,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pytest_vllm_mem.plan.modelinfo import (
-    ModelInfo,
-    ModelInfoError,
-    architecture_weight_bytes,
-    ceil_div,
-    dtype_bytes,
-)
-from pytest_vllm_mem.units import GIB, format_bytes
+from pytest_vllm_mem.plan import refusals
+from pytest_vllm_mem.plan.batch_defaults import batch_defaults
+from pytest_vllm_mem.plan.errors import PlanError, PlanRefused, PlanUnsupported
+from pytest_vllm_mem.plan.kv_layout import KVLayout, layout
+from pytest_vllm_mem.plan.layers import CHUNKED, FULL, SLIDING
+from pytest_vllm_mem.plan.modelinfo import ModelInfo, ModelInfoError, ceil_div, dtype_bytes
+from pytest_vllm_mem.plan.weights import architecture_weight_bytes
+from pytest_vllm_mem.units import GIB, format_bytes, parse_size
+from pytest_vllm_mem.versions import DEFAULT_UTILIZATION
+from pytest_vllm_mem.versions import release_or_latest as release
 
 VERDICTS = ("fits", "kv_cache_insufficient", "weights_too_large", "host_memory", "tier_exceeded", "cuda_oom")
 # vLLM 0.21 started subtracting its CUDA graph estimate from the KV budget; before, graphs came on top of it.
 GRAPH_IN_BUDGET_SINCE = (0, 21)
-GPU_BLOCK_SIZE, CPU_BLOCK_SIZE = 16, 128  # vLLM's defaults (cpu.py sets 128 unless the user gives --block-size)
-
-
-class PlanError(ValueError):
-    """A config the plan cannot compute: one paragraph naming the input and what is accepted."""
-
-
-class PlanUnsupported(PlanError):
-    """A model whose KV layout the plan does not model (sliding-window mixes, hybrid attention/SSM)."""
+GPU_BLOCK_SIZE, CPU_BLOCK_SIZE = 16, 128
+# vLLM's "GPU KV cache size: N tokens" for a hybrid layout: num_blocks // groups x block size in 0.19 (its logs), max
+# concurrency x max_model_len by 0.26 (kv_cache_utils._report_kv_cache_config, quoted in vllm#51041). The release in
+# between that changed it is not in the data; 0.26 is where the plan switches.
+TOKENS_FROM_CONCURRENCY_SINCE = (0, 26)  # vLLM's defaults (cpu.py sets 128 unless the user gives --block-size)
 
 
 @dataclass(frozen=True)
@@ -71,6 +69,7 @@ class Card:
     total_bytes: int
     nvlink: bool = True  # multi-GPU non-torch memory (custom all-reduce buffers) assumes NVLink; PCIe uses less
     available_bytes: int | None = None  # CPU: the node's available memory now (vLLM refuses above it)
+    device_bytes: int | None = None  # the whole GPU when a tier is a share of it: vLLM's batch defaults read it
 
 
 @dataclass(frozen=True)
@@ -112,6 +111,10 @@ class Plan:
     tier_bytes: int | None
     vllm_version: str | None
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    kv_blocks: int = 0  # blocks of the KV pool (per GPU; the smallest stage's with pipeline parallelism)
+    max_num_batched_tokens: int = 0
+    max_num_seqs: int = 0
     sure: bool = True  # the verdict holds at both ends of the overheads' range
     notes: list[str] = field(default_factory=list)
 
@@ -164,16 +167,6 @@ class Plan:
         return out
 
 
-def _version_tuple(version: str | None) -> tuple[int, int]:
-    if not version:
-        return (99, 0)  # unknown: assume a current release
-    parts = version.split(".")
-    try:
-        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
-    except (IndexError, ValueError):
-        return (99, 0)
-
-
 def served_dtype_bytes(info: ModelInfo, dtype_flag: str | None) -> float:
     """--dtype auto serves float32 checkpoints as bfloat16 (vLLM downcasts them), others in their own dtype."""
     name = (dtype_flag or "auto").lower()
@@ -183,44 +176,37 @@ def served_dtype_bytes(info: ModelInfo, dtype_flag: str | None) -> float:
 
 
 def kv_bytes_per_token(info: ModelInfo, *, tp: int, model_dtype: float, kv_cache_dtype: str | None) -> int:
-    """KV cache bytes one token takes on one GPU: 2 (K, V) x layers x KV heads on this GPU x head dim x dtype bytes.
+    """KV cache bytes one token takes on one GPU: 2 (K, V) x attention layers x KV heads on this GPU x head dim x dtype
+    bytes (all attention layers; a sliding window's layers stop growing past the window, see kv_layout).
 
     Grouped-query attention shares KV heads; with TP each GPU holds kv_heads/tp of them (at least one: vLLM
     replicates a head when there are fewer than GPUs). MLA keeps one latent vector (kv_lora_rank + rope dims) per
     layer, replicated on every GPU.
     """
-    kv_dtype = model_dtype if (kv_cache_dtype or "auto") == "auto" else dtype_bytes(str(kv_cache_dtype))
+    layers = info.num_layers if info.is_mla else info.attention_layers
+    return _page_bytes(info, tp=tp, kv_dtype=refusals.kv_dtype_bytes(kv_cache_dtype, model_dtype), block=1) * layers
+
+
+def _page_bytes(info: ModelInfo, *, tp: int, kv_dtype: float, block: int) -> int:
+    """One block of one attention layer on one GPU."""
     if info.is_mla:
-        return int(info.num_layers * ((info.kv_lora_rank or 0) + (info.qk_rope_head_dim or 0)) * kv_dtype)
-    heads = max(1, info.num_kv_heads // tp)
-    return int(2 * info.attention_layers * heads * info.head_dim * kv_dtype)
+        return int(block * ((info.kv_lora_rank or 0) + (info.qk_rope_head_dim or 0)) * kv_dtype)
+    return int(block * 2 * max(1, info.num_kv_heads // tp) * info.head_dim * kv_dtype)
 
 
-def _check_supported(info: ModelInfo, max_model_len: int) -> None:
-    kinds = set(info.layer_types)
-    other = kinds - {"full_attention", "attention", "sliding_attention"}
+def _check_supported(info: ModelInfo) -> None:
+    other = sorted(set(info.kinds) - {FULL, SLIDING, CHUNKED})
     if other:
         raise PlanUnsupported(
-            f"model {info.name} ({info.architecture}) is a hybrid model (layer types {', '.join(sorted(kinds))}): its "
-            "state layers (Mamba/linear attention) share the KV pool with their own page size, which the plan does "
-            "not model. Plan a full-attention model, or measure this one with a real startup."
+            f"model {info.name} ({info.architecture}) is a hybrid model (layer types {', '.join(other)} beside "
+            "attention): its state layers (Mamba/linear attention) share the KV pool with their own page size, which "
+            "the plan does not model. Plan an attention-only model, or measure this one with a real startup."
         )
-    if "sliding_attention" in kinds or (info.sliding_window and info.sliding_window < max_model_len):
+    if info.quant_method == "gguf" or (info.folder is not None and any(info.folder.glob("*.gguf"))):
         raise PlanUnsupported(
-            f"model {info.name} ({info.architecture}) uses sliding-window attention (window "
-            f"{info.sliding_window or '?'} < max_model_len {max_model_len}): vLLM's hybrid allocator gives those "
-            "layers only the window per request, which the plan does not model yet. Give a max_model_len up to the "
-            "window, or measure this model with a real startup."
+            f"model {info.name} is a GGUF checkpoint: the plan reads safetensors headers and config.json, not GGUF "
+            "tensor tables. Plan the original checkpoint (its config.json) or measure this one with a real startup."
         )
-
-
-def _tokens(kv_bytes: int, per_token: int, block: int, max_model_len: int) -> tuple[int, float]:
-    """vLLM's count: whole blocks of the pool, divided among requests that each take ceil(len/block) blocks."""
-    if kv_bytes <= 0:
-        return 0, 0.0
-    blocks = kv_bytes // (per_token * block)
-    concurrency = blocks / ceil_div(max_model_len, block)
-    return int(concurrency * max_model_len), concurrency
 
 
 def _scaled(value: int, low: float, high: float, floor: int = 0, source: str = "estimate") -> Estimate:
@@ -231,17 +217,46 @@ def _scaled(value: int, low: float, high: float, floor: int = 0, source: str = "
 # Fitted once on public startup logs (benchmarks/data/gpu_startups.json); the ranges cover what those logs show.
 
 
-def gpu_activation(info: ModelInfo, *, tp: int, dtype: float, batched_tokens: int, max_num_seqs: int) -> Estimate:
+# Fitted on vllm#23278 (0.10.1) and vllm#27508 (0.11.0), gpt-oss-120b on an H100 (requested - logged weights - logged
+# KV leaves 7.1 and 7.2 GiB, at 8192 and 1024 batched tokens alike): the mxfp4 MoE path of those releases holds a
+# fixed workspace during the profile run; by 0.19 it is gone (gpt-oss-20b: 2.87 GiB peak activation).
+MXFP4_MOE_WORKSPACE = int(7.2 * GIB)
+MXFP4_WORKSPACE_BEFORE = (0, 12)
+# vLLM 0.10-0.16 profiled 2.3-4.2 GiB more than 0.17+ for the same text model (llm-d-planner's version sweep:
+# Qwen3-14B 5.64 GiB on 0.15/0.16, 2.23 GiB from 0.17). Fitted (mean 3.3 GiB) on rows found after the first rules:
+# Qwen3-14B on 0.16, Qwen3-0.6B, Qwen3-32B TP 1/2 and Llama-3.3-70B-FP8 TP 2 on 0.11 (H100, 8192 batched tokens);
+# Mistral-Small-3.2 with its vision tower did not show it (2.12 GiB), so multimodal models are left out.
+PRE_017_ACTIVATION_EXTRA = int(3.3 * GIB)
+PRE_017_RELEASES = ((0, 10), (0, 17))
+
+
+def gpu_activation(
+    info: ModelInfo,
+    *,
+    tp: int,
+    dtype: float,
+    batched_tokens: int,
+    max_num_seqs: int,
+    vllm_version: str | None = None,
+) -> Estimate:
     """The profile run's torch peak beyond the weights: one batch of max_num_batched_tokens through a layer (the
     MLP's gate/up output dominates) plus the sampler's float32 logits for max_num_seqs requests. Public logs show
     it does not shrink with TP (1.89 GiB for Llama-3.1-8B at TP 1, 2 and 4), so it is not divided by `tp`."""
+    if info.quant_method in ("mxfp4", "gpt_oss_mxfp4") and release(vllm_version) < MXFP4_WORKSPACE_BEFORE:
+        return _scaled(MXFP4_MOE_WORKSPACE, 0.85, 1.2)
+    extra = 0
+    if PRE_017_RELEASES[0] <= release(vllm_version) < PRE_017_RELEASES[1] and not info.vision_params:
+        extra = PRE_017_ACTIVATION_EXTRA
     inter = (info.moe_intermediate_size or info.intermediate_size) * max(1, info.experts_per_token)
     per_token = (
         2 * inter + 4 * info.hidden_size + (info.num_attention_heads + 2 * info.num_kv_heads) * info.head_dim
     ) * dtype
     logits = max_num_seqs * info.vocab_size * 4 * 2
     value = int(batched_tokens * per_token + logits)
-    return _scaled(value, 0.5, 2.5, floor=GIB // 4)
+    base = _scaled(value, 0.5, 2.5, floor=GIB // 4)
+    if not extra:
+        return base
+    return Estimate(base.value + extra, base.low + extra - GIB, base.high + extra + GIB, "estimate")
 
 
 def gpu_non_torch(tp: int, nvlink: bool) -> Estimate:
@@ -304,20 +319,282 @@ def _int_flag(flags: Mapping[str, Any], name: str, default: int) -> int:
     return number
 
 
-def weights_per_gpu(info: ModelInfo, *, tp: int, dtype: float, quantization: str | None) -> Estimate:
+def weights_per_gpu(
+    info: ModelInfo, *, tp: int, dtype: float, quantization: str | None, stage: tuple[int, int, int] | None = None
+) -> Estimate:
     """Checkpoint tensor bytes (quantized ones as stored; float ones rescaled to the served dtype), else the
-    architecture; split over tensor-parallel ranks."""
-    if quantization and info.quant_method is None and quantization.startswith("fp8"):
+    architecture; split over tensor-parallel ranks, and to one pipeline stage (start, end, stages) when given."""
+    if quantization and info.quant_method is None and quantization in refusals.ONLINE_FP8:
         info = replace(info, quant_bits=8, quant_group_size=10**9, checkpoint=None)  # online FP8 of bf16 weights
+    share = 1.0
+    if stage is not None and stage[2] > 1:
+        start, end, _ = stage
+        whole = architecture_weight_bytes(info, dtype)
+        part = architecture_weight_bytes(info, dtype, layers=end - start, first=start == 0, last=end == info.num_layers)
+        share = part / whole if whole else 1.0
     if info.checkpoint is not None:
         ckpt = info.checkpoint
         # Quantized checkpoints load as stored; float ones are cast to the served dtype.
         scale = dtype / ckpt.float_dtype_bytes if not info.quant_method else 1.0
         total = int((ckpt.total - ckpt.float_bytes) + ckpt.float_bytes * scale)
-        value = total // tp
+        value = int(total * share) // tp
         return Estimate(value, int(value * 0.99), int(value * 1.02), "checkpoint")
-    value = architecture_weight_bytes(info, dtype) // tp
+    value = int(architecture_weight_bytes(info, dtype) * share) // tp
     return Estimate(value, int(value * 0.96), int(value * 1.04), "architecture")
+
+
+def pipeline_stages(num_layers: int, stages: int, env: Mapping[str, str]) -> list[tuple[int, int]]:
+    """The layers each pipeline stage holds, as vLLM's get_pp_indices splits them: equal parts, the remainder to the
+    stages before the last (it holds the final norm and LM head), or VLLM_PP_LAYER_PARTITION when set."""
+    override = env.get("VLLM_PP_LAYER_PARTITION", "").strip()
+    if override:
+        try:
+            parts = [int(p) for p in override.split(",")]
+        except ValueError:
+            raise PlanError(
+                f"VLLM_PP_LAYER_PARTITION={override!r} is not a comma-separated list of layer counts."
+            ) from None
+        if len(parts) != stages or sum(parts) != num_layers:
+            raise PlanRefused(
+                f"VLLM_PP_LAYER_PARTITION={override!r}: len(partitions)={len(parts)} and sum(partitions)={sum(parts)} "
+                f"must match pipeline_parallel_size={stages} and num_hidden_layers={num_layers}."
+            )
+    else:
+        parts = [num_layers // stages] * stages
+        for i in range(2, num_layers % stages + 2):
+            parts[-i] += 1
+    bounds, start = [], 0
+    for count in parts:
+        bounds.append((start, start + count))
+        start += count
+    return bounds
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """The config as vLLM resolves it before profiling: parallelism, dtypes, lengths, batch limits, the budget."""
+
+    cpu: bool
+    tp: int
+    pp: int
+    utilization: float
+    dtype: float
+    kv_dtype: float
+    max_model_len: int
+    block: int
+    seqs: int
+    batched: int
+    eager: bool
+    requested: int
+    graph_in_budget: bool
+    explicit_kv: int | None
+    hybrid_manager: bool
+    notes: tuple[str, ...]
+    version: str | None
+
+
+def _explicit_kv(flags: Mapping[str, Any], env: Mapping[str, str], cpu: bool) -> tuple[int | None, list[str]]:
+    if cpu and env.get("VLLM_CPU_KVCACHE_SPACE", "").strip():
+        try:
+            space = int(env["VLLM_CPU_KVCACHE_SPACE"]) * GIB
+        except ValueError:
+            raise PlanError(
+                f"VLLM_CPU_KVCACHE_SPACE={env['VLLM_CPU_KVCACHE_SPACE']!r} is not a whole number of "
+                "GiB (vLLM reads it with int())."
+            ) from None
+        return space, [
+            "VLLM_CPU_KVCACHE_SPACE sets the KV cache; gpu_memory_utilization and --kv-cache-memory-bytes do not "
+            "size it"
+        ]
+    kv_flag = _flag(flags, "kv_cache_memory_bytes")
+    return (parse_size(str(kv_flag)) if kv_flag is not None else None), []
+
+
+def _setup(
+    info: ModelInfo, flags: Mapping[str, Any], card: Card, env: Mapping[str, str], version: str | None, default: float
+) -> _Setup:
+    cpu = card.backend == "cpu"
+    tp = _int_flag(flags, "tensor_parallel_size", 1)
+    pp = _int_flag(flags, "pipeline_parallel_size", 1)
+    utilization = float(_flag(flags, "gpu_memory_utilization", default))
+    if not 0 < utilization <= 1:
+        raise PlanError(f"gpu_memory_utilization {utilization!r} is not a fraction in (0, 1].")
+    try:
+        dtype = served_dtype_bytes(info, _flag(flags, "dtype"))
+    except ModelInfoError as error:
+        raise PlanError(str(error)) from None
+    refusals.check_quantization(info, _flag(flags, "quantization"))
+    kv_dtype = refusals.kv_dtype_bytes(_flag(flags, "kv_cache_dtype"), dtype)
+    refusals.check_parallelism(info, tp)
+    max_model_len = _int_flag(flags, "max_model_len", info.derived_max_len or 2048)
+    refusals.check_max_model_len(info, max_model_len, env)
+    _check_supported(info)
+    block = _int_flag(flags, "block_size", CPU_BLOCK_SIZE if cpu else (64 if info.is_mla else GPU_BLOCK_SIZE))
+    device = card.device_bytes or card.total_bytes
+    limits = batch_defaults(device, card.name, backend=card.backend, vllm_version=version, max_model_len=max_model_len)
+    explicit_kv, notes = _explicit_kv(flags, env, cpu)
+    return _Setup(
+        cpu=cpu,
+        tp=tp,
+        pp=pp,
+        utilization=utilization,
+        dtype=dtype,
+        kv_dtype=kv_dtype,
+        max_model_len=max_model_len,
+        block=block,
+        seqs=_int_flag(flags, "max_num_seqs", limits.max_num_seqs),
+        batched=_int_flag(flags, "max_num_batched_tokens", limits.max_num_batched_tokens),
+        eager=bool(_flag(flags, "enforce_eager", False)),
+        requested=math.ceil(card.total_bytes * utilization),
+        graph_in_budget=release(version) >= GRAPH_IN_BUDGET_SINCE,
+        explicit_kv=explicit_kv,
+        hybrid_manager=not _flag(flags, "disable_hybrid_kv_cache_manager", False),
+        notes=tuple(notes),
+        version=version,
+    )
+
+
+@dataclass(frozen=True)
+class _Budget:
+    """One GPU's (or the CPU worker's) terms: what the requested memory is spent on, and the KV pool's layout."""
+
+    weights: Estimate
+    activation: Estimate
+    non_torch: Estimate
+    graph: Estimate
+    kv: Estimate
+    peak: Estimate
+    layout: KVLayout
+    stage: int = 0
+
+
+def _layout(info: ModelInfo, s: _Setup, kinds: tuple[str, ...]) -> KVLayout:
+    attention = tuple(k for k in kinds if k in (FULL, SLIDING, CHUNKED)) or (FULL,)
+    return layout(
+        attention,
+        page_bytes=_page_bytes(info, tp=s.tp, kv_dtype=s.kv_dtype, block=s.block),
+        max_model_len=s.max_model_len,
+        block=s.block,
+        window=info.sliding_window,
+        chunk=info.attention_chunk_size,
+        in_flight=s.batched,
+        hybrid_manager=s.hybrid_manager,
+    )
+
+
+def _sum(terms: list[Estimate], extra: int = 0) -> Estimate:
+    return Estimate(
+        sum(t.value for t in terms) + extra,
+        sum(t.low for t in terms) + extra,
+        sum(t.high for t in terms) + extra,
+        "estimate",
+    )
+
+
+def _gpu_budget(
+    info: ModelInfo, s: _Setup, card: Card, cal: Calibration, quantization: str | None, stage: tuple[int, int]
+) -> _Budget:
+    start, end = stage
+    weights = weights_per_gpu(info, tp=s.tp, dtype=s.dtype, quantization=quantization, stage=(start, end, s.pp))
+    if cal.weights_bytes:
+        weights = Estimate.exact(cal.weights_bytes, "calibrated")
+    activation = gpu_activation(
+        info, tp=s.tp, dtype=s.dtype, batched_tokens=s.batched, max_num_seqs=s.seqs, vllm_version=s.version
+    )
+    non_torch = gpu_non_torch(s.tp * s.pp, card.nvlink)
+    graph = gpu_graphs(info, eager=s.eager, max_num_seqs=s.seqs, tp=s.tp)
+    if cal.activation_bytes is not None:
+        activation = Estimate.exact(cal.activation_bytes, "calibrated")
+    if cal.non_torch_bytes is not None:
+        non_torch = Estimate.exact(cal.non_torch_bytes, "calibrated")
+    if cal.graph_bytes is not None and not s.eager:
+        graph = Estimate.exact(cal.graph_bytes, "calibrated")
+    in_budget = [weights, activation, non_torch] + ([graph] if s.graph_in_budget else [])
+    outside = [] if s.graph_in_budget else [graph]
+    if s.explicit_kv is not None:
+        kv = Estimate.exact(s.explicit_kv, "flag")
+        peak = _sum([weights, activation, non_torch, graph], s.explicit_kv)
+    else:
+        kv = Estimate(
+            s.requested - sum(t.value for t in in_budget),
+            s.requested - sum(t.high for t in in_budget),
+            s.requested - sum(t.low for t in in_budget),
+            "calibrated" if all(t.low == t.high for t in in_budget) else "estimate",
+        )
+        peak = _sum([Estimate.exact(s.requested), *outside])
+    kinds = info.kinds[start:end] if info.kinds else (FULL,) * (end - start)
+    return _Budget(weights, activation, non_torch, graph, kv, peak, _layout(info, s, kinds))
+
+
+def _cpu_budget(info: ModelInfo, s: _Setup, cal: Calibration, quantization: str | None) -> _Budget:
+    weights = weights_per_gpu(info, tp=s.tp, dtype=s.dtype, quantization=quantization)
+    if cal.weights_bytes:
+        weights = Estimate.exact(cal.weights_bytes, "calibrated")
+    non_kv = cpu_non_kv(info, weights.value, s.dtype, s.batched)
+    if cal.cpu_non_kv_bytes:
+        non_kv = Estimate.exact(cal.cpu_non_kv_bytes, "calibrated")
+    zero = Estimate.exact(0, "cpu")
+    if s.explicit_kv is not None:
+        kv = Estimate.exact(s.explicit_kv, "flag")
+        worker = Estimate(
+            non_kv.value + s.explicit_kv, non_kv.low + s.explicit_kv, non_kv.high + s.explicit_kv, "estimate"
+        )
+    else:
+        source = "calibrated" if cal.cpu_non_kv_bytes else "estimate"
+        kv = Estimate(s.requested - non_kv.value, s.requested - non_kv.high, s.requested - non_kv.low, source)
+        worker = Estimate.exact(s.requested, "estimate")
+    other = cal.cpu_other_bytes or CPU_OTHER_PROCESSES
+    peak = Estimate(
+        worker.value + other,
+        worker.low + int(other * 0.7),
+        worker.high + int(other * 1.3),
+        "calibrated" if cal.cpu_other_bytes else "estimate",
+    )
+    return _Budget(weights, non_kv, zero, zero, kv, peak, _layout(info, s, info.kinds or (FULL,) * info.num_layers))
+
+
+def _budgets(
+    info: ModelInfo, s: _Setup, card: Card, cal: Calibration, quantization: str | None, env: Mapping[str, str]
+) -> list[_Budget]:
+    if s.cpu:
+        return [_cpu_budget(info, s, cal, quantization)]
+    stages = pipeline_stages(info.num_layers, s.pp, env)
+    return [replace(_gpu_budget(info, s, card, cal, quantization, bounds), stage=i) for i, bounds in enumerate(stages)]
+
+
+def _verdict(
+    s: _Setup, card: Card, b: _Budget, *, kv: int, weights: int, peak: int, tier_bytes: int | None
+) -> tuple[str, str]:
+    one_request = b.layout.one_request_bytes()
+    if not s.cpu and weights + b.non_torch.low > card.total_bytes:
+        return "weights_too_large", (
+            f"the weights ({format_bytes(weights)} per GPU) do not fit on the {format_bytes(card.total_bytes)} card"
+        )
+    if not s.cpu and s.explicit_kv is not None and peak > card.total_bytes:
+        return "cuda_oom", (
+            f"weights, overheads and the {format_bytes(s.explicit_kv)} KV cache set by --kv-cache-memory-bytes need "
+            f"{format_bytes(peak)}, more than the card"
+        )
+    if s.cpu and s.explicit_kv is None and card.available_bytes is not None and s.requested > card.available_bytes:
+        return "host_memory", (
+            f"the worker asks for {format_bytes(s.requested)} but the node has only "
+            f"{format_bytes(card.available_bytes)} available"
+        )
+    if s.cpu and kv <= 0:
+        return "host_memory", (
+            f"the worker's non-KV memory ({format_bytes(b.activation.value)}) uses up its "
+            f"{format_bytes(s.requested)} share: nothing is left for the KV cache"
+        )
+    if kv < one_request or b.layout.blocks(kv) < b.layout.blocks_per_request:
+        what = "no KV cache memory is left" if kv <= 0 else f"the KV cache ({format_bytes(kv)})"
+        return "kv_cache_insufficient", (
+            f"{what} cannot hold one {s.max_model_len:,}-token sequence (needs {format_bytes(one_request)}); the "
+            f"longest context that fits is {b.layout.longest_context(kv, s.block):,} tokens"
+        )
+    if tier_bytes and peak > tier_bytes:
+        return "tier_exceeded", f"the predicted peak {format_bytes(peak)} exceeds the {format_bytes(tier_bytes)} tier"
+    tokens = b.layout.tokens(kv, s.max_model_len)
+    return "fits", f"{tokens:,} KV tokens hold {b.layout.concurrency(kv):.2f} sequences of {s.max_model_len:,} tokens"
 
 
 def plan(
@@ -327,208 +604,113 @@ def plan(
     *,
     env: Mapping[str, str] | None = None,
     vllm_version: str | None = None,
-    default_utilization: float = 0.92,
+    default_utilization: float = DEFAULT_UTILIZATION,
     tier_bytes: int | None = None,
     calibration: Calibration | None = None,
 ) -> Plan:
     """The memory plan of one server config (flags as VLLMConfig.flags) on `card`.
 
     `card.total_bytes` is what vLLM sizes from: a tier's bytes on a GPU (the plugin scales the utilization to
-    emulate it), a CPU node's total. `tier_bytes` enables the peak-over-tier check.
+    emulate it), a CPU node's total. `tier_bytes` enables the peak-over-tier check. Configs vLLM refuses raise
+    PlanRefused with vLLM's reason; configs the plan does not model raise PlanUnsupported.
     """
     env = env or {}
-    cpu = card.backend == "cpu"
-    tp = _int_flag(flags, "tensor_parallel_size", 1)
-    utilization = float(_flag(flags, "gpu_memory_utilization", default_utilization))
-    if not 0 < utilization <= 1:
-        raise PlanError(f"gpu_memory_utilization {utilization!r} is not a fraction in (0, 1].")
-    try:
-        dtype = served_dtype_bytes(info, _flag(flags, "dtype"))
-        default_len = info.max_position_embeddings or 2048
-        max_model_len = _int_flag(flags, "max_model_len", default_len)
-        _check_supported(info, max_model_len)
-        per_token = kv_bytes_per_token(info, tp=tp, model_dtype=dtype, kv_cache_dtype=_flag(flags, "kv_cache_dtype"))
-    except ModelInfoError as error:
-        raise PlanError(str(error)) from None
-    block = _int_flag(flags, "block_size", CPU_BLOCK_SIZE if cpu else GPU_BLOCK_SIZE)
-    if info.is_mla and not cpu:
-        block = _int_flag(flags, "block_size", 64)  # FlashMLA's page size
-    if _int_flag(flags, "pipeline_parallel_size", 1) > 1:
-        raise PlanUnsupported(
-            f"pipeline_parallel_size {flags['pipeline_parallel_size']}: the plan does not model "
-            "pipeline stages (uneven layer splits, per-stage activations and P2P buffers). Plan the "
-            "config with tensor parallelism only, or measure it with a real startup."
-        )
-    large = card.total_bytes >= 70 * GIB
-    v0 = _version_tuple(vllm_version) < (0, 8)  # the V0 engine: no chunked prefill up to 32k, 256 sequences
-    default_seqs = 128 if cpu else (256 if v0 or not large else 1024)
-    seqs = _int_flag(flags, "max_num_seqs", default_seqs)
-    default_batched = 2048 if cpu or not large else 8192
-    if v0 and not cpu:  # V0 profiles one batch of max_model_len tokens when chunked prefill is off (<= 32k)
-        default_batched = max(max_model_len, 2048) if max_model_len <= 32768 else 2048
-    batched = _int_flag(flags, "max_num_batched_tokens", default_batched)
-    eager = bool(_flag(flags, "enforce_eager", False))
-    requested = math.ceil(card.total_bytes * utilization)
-    weights = weights_per_gpu(info, tp=tp, dtype=dtype, quantization=_flag(flags, "quantization"))
-    cal = calibration or Calibration()
-    if cal.weights_bytes:
-        weights = Estimate.exact(cal.weights_bytes, "calibrated")
-    notes: list[str] = []
-    graph_in_budget = _version_tuple(vllm_version) >= GRAPH_IN_BUDGET_SINCE
-
-    explicit_kv: int | None = None
-    kv_flag = _flag(flags, "kv_cache_memory_bytes")
-    if cpu and env.get("VLLM_CPU_KVCACHE_SPACE", "").strip():
-        try:
-            explicit_kv = int(env["VLLM_CPU_KVCACHE_SPACE"]) * GIB
-        except ValueError:
-            raise PlanError(
-                f"VLLM_CPU_KVCACHE_SPACE={env['VLLM_CPU_KVCACHE_SPACE']!r} is not a whole number of "
-                "GiB (vLLM reads it with int())."
-            ) from None
-        notes.append(
-            "VLLM_CPU_KVCACHE_SPACE sets the KV cache; gpu_memory_utilization and --kv-cache-memory-bytes "
-            "do not size it"
-        )
-    elif kv_flag is not None:
-        from pytest_vllm_mem.units import parse_size
-
-        explicit_kv = parse_size(str(kv_flag))
-
-    if cpu:
-        non_kv = cpu_non_kv(info, weights.value, dtype, batched)
-        if cal.cpu_non_kv_bytes:
-            non_kv = Estimate.exact(cal.cpu_non_kv_bytes, "calibrated")
-        zero = Estimate.exact(0, "cpu")
-        activation, non_torch, graph = non_kv, zero, zero
-        if explicit_kv is not None:
-            kv = Estimate.exact(explicit_kv, "flag")
-        else:
-            kv = Estimate(
-                requested - non_kv.value,
-                requested - non_kv.high,
-                requested - non_kv.low,
-                "calibrated" if cal.cpu_non_kv_bytes else "estimate",
-            )
-        other = cal.cpu_other_bytes or CPU_OTHER_PROCESSES
-        worker = (
-            Estimate(requested, requested, requested, "estimate")
-            if explicit_kv is None
-            else Estimate(non_kv.value + explicit_kv, non_kv.low + explicit_kv, non_kv.high + explicit_kv, "estimate")
-        )
-        peak = Estimate(
-            worker.value + other,
-            worker.low + int(other * 0.7),
-            worker.high + int(other * 1.3),
-            "calibrated" if cal.cpu_other_bytes else "estimate",
-        )
-    else:
-        activation = gpu_activation(info, tp=tp, dtype=dtype, batched_tokens=batched, max_num_seqs=seqs)
-        non_torch = gpu_non_torch(tp, card.nvlink)
-        graph = gpu_graphs(info, eager=eager, max_num_seqs=seqs, tp=tp)
-        if cal.activation_bytes is not None:
-            activation = Estimate.exact(cal.activation_bytes, "calibrated")
-        if cal.non_torch_bytes is not None:
-            non_torch = Estimate.exact(cal.non_torch_bytes, "calibrated")
-        if cal.graph_bytes is not None and not eager:
-            graph = Estimate.exact(cal.graph_bytes, "calibrated")
-        in_budget = [weights, activation, non_torch] + ([graph] if graph_in_budget else [])
-        if explicit_kv is not None:
-            kv = Estimate.exact(explicit_kv, "flag")
-        else:
-            kv = Estimate(
-                requested - sum(t.value for t in in_budget),
-                requested - sum(t.high for t in in_budget),
-                requested - sum(t.low for t in in_budget),
-                "calibrated" if all(t.low == t.high for t in in_budget) else "estimate",
-            )
-        outside = [] if graph_in_budget else [graph]
-        used = [weights, activation, non_torch, graph] if explicit_kv is not None else [Estimate.exact(requested)]
-        peak = Estimate(
-            sum(t.value for t in used + outside) + (kv.value if explicit_kv is not None else 0),
-            sum(t.low for t in used + outside) + (kv.value if explicit_kv is not None else 0),
-            sum(t.high for t in used + outside) + (kv.value if explicit_kv is not None else 0),
-            "estimate",
-        )
-
-    tokens, concurrency = _tokens(kv.value, per_token, block, max_model_len)
-    low_tokens = _tokens(kv.low, per_token, block, max_model_len)[0]
-    high_tokens = _tokens(kv.high, per_token, block, max_model_len)[0]
-    kv_tokens = Estimate(tokens, low_tokens, high_tokens, kv.source)
-    one_sequence = ceil_div(max_model_len, block) * block * per_token
-
-    def verdict_for(kv_bytes: int, weights_bytes: int, peak_bytes: int) -> tuple[str, str]:
-        if not cpu and weights_bytes + non_torch.low > card.total_bytes:
-            return "weights_too_large", (
-                f"the weights ({format_bytes(weights_bytes)} per GPU) do not fit on the "
-                f"{format_bytes(card.total_bytes)} card"
-            )
-        if not cpu and explicit_kv is not None and peak_bytes > card.total_bytes:
-            return "cuda_oom", (
-                f"weights, overheads and the {format_bytes(explicit_kv)} KV cache set by "
-                f"--kv-cache-memory-bytes need {format_bytes(peak_bytes)}, more than the card"
-            )
-        if cpu and explicit_kv is None and card.available_bytes is not None and requested > card.available_bytes:
-            return "host_memory", (
-                f"the worker asks for {format_bytes(requested)} but the node has only "
-                f"{format_bytes(card.available_bytes)} available"
-            )
-        if cpu and kv_bytes <= 0:
-            return "host_memory", (
-                f"the worker's non-KV memory ({format_bytes(activation.value)}) uses up its "
-                f"{format_bytes(requested)} share: nothing is left for the KV cache"
-            )
-        if kv_bytes < one_sequence:
-            longest = _longest(kv_bytes, per_token, block)
-            what = "no KV cache memory is left" if kv_bytes <= 0 else f"the KV cache ({format_bytes(kv_bytes)})"
-            return "kv_cache_insufficient", (
-                f"{what} cannot hold one {max_model_len:,}-token sequence (needs "
-                f"{format_bytes(one_sequence)}); the longest context that fits is "
-                f"{longest:,} tokens"
-            )
-        if tier_bytes and peak_bytes > tier_bytes:
-            return "tier_exceeded", (
-                f"the predicted peak {format_bytes(peak_bytes)} exceeds the {format_bytes(tier_bytes)} tier"
-            )
-        return "fits", (f"{kv_tokens.value:,} KV tokens hold {concurrency:.2f} sequences of {max_model_len:,} tokens")
-
-    verdict, summary = verdict_for(kv.value, weights.value, peak.value)
+    s = _setup(info, flags, card, env, vllm_version, default_utilization)
+    quantization = _flag(flags, "quantization")
+    budgets = _budgets(info, s, card, calibration or Calibration(), quantization, env)
+    b = min(budgets, key=lambda one: (one.layout.blocks(one.kv.value), -one.stage))  # the stage that binds
+    old_count = release(vllm_version) < TOKENS_FROM_CONCURRENCY_SINCE
+    kv_tokens = Estimate(
+        b.layout.tokens(b.kv.value, s.max_model_len, old_count),
+        b.layout.tokens(b.kv.low, s.max_model_len, old_count),
+        b.layout.tokens(b.kv.high, s.max_model_len, old_count),
+        b.kv.source,
+    )
+    verdict, summary = _verdict(
+        s, card, b, kv=b.kv.value, weights=b.weights.value, peak=b.peak.value, tier_bytes=tier_bytes
+    )
     # Sure when the worst and best ends of every range agree with the central verdict.
-    worst = verdict_for(kv.low, weights.high, peak.high)[0]
-    best = verdict_for(kv.high, weights.low, peak.low)[0]
-    sure = worst == verdict == best
+    worst = _verdict(s, card, b, kv=b.kv.low, weights=b.weights.high, peak=b.peak.high, tier_bytes=tier_bytes)[0]
+    best = _verdict(s, card, b, kv=b.kv.high, weights=b.weights.low, peak=b.peak.low, tier_bytes=tier_bytes)[0]
+    notes = list(s.notes) + _notes(info, s, b, len(budgets))
     return Plan(
         model=info.name,
         backend=card.backend,
         card=card.name,
         total_bytes=card.total_bytes,
-        utilization=utilization,
-        requested_bytes=requested,
-        weights=weights,
-        activation=activation,
-        non_torch=non_torch,
-        graph=graph,
-        graph_in_budget=graph_in_budget,
-        kv_bytes=kv,
-        kv_bytes_per_token=per_token,
-        block_size=block,
+        utilization=s.utilization,
+        requested_bytes=s.requested,
+        weights=b.weights,
+        activation=b.activation,
+        non_torch=b.non_torch,
+        graph=b.graph,
+        graph_in_budget=s.graph_in_budget,
+        kv_bytes=b.kv,
+        kv_bytes_per_token=b.layout.bytes_per_token,
+        block_size=s.block,
         kv_tokens=kv_tokens,
-        max_model_len=max_model_len,
-        max_concurrency=concurrency,
+        max_model_len=s.max_model_len,
+        max_concurrency=b.layout.concurrency(b.kv.value),
         verdict=verdict,
         summary=summary,
-        longest_context=_longest(kv.value, per_token, block),
-        peak_bytes=peak,
+        longest_context=b.layout.longest_context(b.kv.value, s.block),
+        peak_bytes=b.peak,
         tier_bytes=tier_bytes,
         vllm_version=vllm_version,
-        tensor_parallel_size=tp,
-        sure=sure,
+        tensor_parallel_size=s.tp,
+        pipeline_parallel_size=s.pp,
+        kv_blocks=b.layout.blocks(b.kv.value),
+        max_num_batched_tokens=s.batched,
+        max_num_seqs=s.seqs,
+        sure=worst == verdict == best,
         notes=notes,
     )
 
 
+def _notes(info: ModelInfo, s: _Setup, b: _Budget, stages: int) -> list[str]:
+    notes = []
+    if b.layout.hybrid:
+        groups = ", ".join(f"{n} {kind}" for kind, n in b.layout.groups)
+        notes.append(
+            f"vLLM's hybrid KV allocator: {groups} group(s) of {b.layout.group_size} layers; one request takes "
+            f"{b.layout.blocks_per_request:,} of the {b.layout.blocks(b.kv.value):,} blocks"
+        )
+    if stages > 1:
+        notes.append(f"pipeline stage {b.stage + 1} of {stages} has the fewest KV blocks; its terms are shown")
+    if info.vision_params:
+        notes.append(f"weights include the vision tower (~{info.vision_params / 1e9:.2f}B parameters)")
+    return notes
+
+
 def _longest(kv_bytes: int, per_token: int, block: int) -> int:
-    """The longest max_model_len one sequence of which fits: whole blocks of the pool."""
+    """The longest max_model_len one full-attention sequence of which fits: whole blocks of the pool."""
     if kv_bytes <= 0:
         return 0
     return (kv_bytes // (per_token * block)) * block
+
+
+def _tokens(kv_bytes: int, per_token: int, block: int, max_model_len: int) -> tuple[int, float]:
+    """vLLM's count for full attention: whole blocks of the pool, divided among requests of ceil(len/block) blocks."""
+    if kv_bytes <= 0:
+        return 0, 0.0
+    blocks = kv_bytes // (per_token * block)
+    concurrency = blocks / ceil_div(max_model_len, block)
+    return int(concurrency * max_model_len), concurrency
+
+
+__all__ = [
+    "GIB",
+    "VERDICTS",
+    "Calibration",
+    "Card",
+    "Estimate",
+    "Plan",
+    "PlanError",
+    "PlanRefused",
+    "PlanUnsupported",
+    "kv_bytes_per_token",
+    "pipeline_stages",
+    "plan",
+    "served_dtype_bytes",
+    "weights_per_gpu",
+]

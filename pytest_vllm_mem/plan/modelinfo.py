@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_vllm_mem.plan.layers import CHUNKED, FULL, SLIDING, derived_max_len, layer_kinds
+
 # Bytes per element of the safetensors dtypes and of the torch dtype names in config.json / --dtype.
 SAFETENSORS_DTYPE_BYTES = {
     "F64": 8,
@@ -95,7 +97,13 @@ class ModelInfo:
     quant_method: str | None = None
     quant_bits: int | None = None
     quant_group_size: int | None = None
+    quant_experts_only: bool = False  # mxfp4 (gpt-oss) quantizes the experts, attention and router stay 16-bit
     checkpoint: CheckpointBytes | None = None
+    kinds: tuple[str, ...] = ()  # one per layer: full, sliding, chunked, or a state layer's type (layers.py)
+    attention_chunk_size: int | None = None
+    derived_max_len: int | None = None  # vLLM's limit on max_model_len (layers.derived_max_len)
+    derived_max_len_key: str | None = None
+    vision_params: int = 0  # a multimodal model's vision tower and projector, loaded with the language model
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -104,10 +112,10 @@ class ModelInfo:
 
     @property
     def attention_layers(self) -> int:
-        """Layers that keep a full K/V cache (hybrid models list others in layer_types)."""
-        if not self.layer_types:
+        """Layers that keep a K/V cache per token (full, sliding or chunked attention; not state layers)."""
+        if not self.kinds:
             return self.num_layers
-        return sum(1 for kind in self.layer_types if kind in ("full_attention", "attention"))
+        return sum(1 for kind in self.kinds if kind in (FULL, SLIDING, CHUNKED))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -231,12 +239,16 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def _quantization(config: dict[str, Any]) -> tuple[str | None, int | None, int | None]:
+_QUANT_BITS = {"mxfp4": 4, "gpt_oss_mxfp4": 4, "modelopt_fp4": 4, "nvfp4": 4, "awq": 4}
+
+
+def _quantization(config: dict[str, Any]) -> tuple[str | None, int | None, int | None, bool]:
+    """(method, weight bits, group size, experts only) of a pre-quantized checkpoint's quantization_config."""
     quant = config.get("quantization_config") or config.get("compression_config")
     if not isinstance(quant, dict):
-        return None, None, None
+        return None, None, None, False
     method = str(quant.get("quant_method") or quant.get("format") or "unknown").lower()
-    bits = _int(quant, "bits", "w_bit", "weight_bits")
+    bits = _int(quant, "bits", "w_bit", "weight_bits", "num_bits")
     if bits is None and "fp8" in method:
         bits = 8
     if bits is None:
@@ -247,43 +259,88 @@ def _quantization(config: dict[str, Any]) -> tuple[str | None, int | None, int |
                 if isinstance(weights, dict) and isinstance(weights.get("num_bits"), int):
                     bits = int(weights["num_bits"])
                     break
+    bits = bits if bits is not None else _QUANT_BITS.get(method)
     group_size = _int(quant, "group_size", "q_group_size")
-    return method, bits, group_size
+    if method in ("mxfp4", "gpt_oss_mxfp4"):
+        group_size = 32  # one e8m0 scale per 32 weights (OCP microscaling)
+    skipped = " ".join(str(m) for m in quant.get("modules_to_not_convert") or [])
+    return method, bits, group_size, "self_attn" in skipped
+
+
+def _with_defaults_if_incomplete(config: dict[str, Any], name: str) -> dict[str, Any]:
+    """The config, completed from its transformers class when a field the plan needs is missing (config_defaults)."""
+    text = _text_config(config)
+    needed = ("num_hidden_layers", "hidden_size", "num_attention_heads")
+    # vocab_size and intermediate_size have class defaults that differ by model (Gemma 3: 262208 tokens).
+    wanted = (*needed, "vocab_size", "intermediate_size")
+    if all(_int(text, key, *_ALIASES.get(key, ())) for key in wanted):
+        return config
+    from pytest_vllm_mem.plan.config_defaults import with_class_defaults
+
+    full, why = with_class_defaults(config)
+    text = _text_config(full)
+    if all(_int(text, key, *_ALIASES.get(key, ())) for key in needed):
+        return full
+    if full is config and all(_int(_text_config(config), key, *_ALIASES.get(key, ())) for key in needed):
+        return config  # complete enough: vocab/intermediate fall back to the plan's own defaults
+    raise ModelInfoError(
+        f"model {name}: config.json lacks num_hidden_layers, hidden_size or num_attention_heads"
+        + (f" and its transformers class defaults could not fill them in ({why})" if why else "")
+        + ", so its memory cannot be planned. Accepted: decoder configs in the Hugging Face layout (Llama, "
+        "Mistral, Qwen, Gemma, Phi, DeepSeek, Mixtral ...), a multimodal model's language part under text_config, "
+        "and configs that leave fields to the class defaults of a model type transformers knows."
+    )
+
+
+_ALIASES = {
+    "num_hidden_layers": ("n_layer", "num_layers"),
+    "hidden_size": ("n_embd", "d_model"),
+    "num_attention_heads": ("n_head",),
+}
+
+
+def _vision_params(config: dict[str, Any], text_hidden: int) -> int:
+    """A vision tower's parameters from vision_config: per layer attention (4 h^2) and MLP (2 h i), the patch
+    embedding, and a projector into the language model's hidden size."""
+    vision = config.get("vision_config")
+    if not isinstance(vision, dict):
+        return 0
+    h = _int(vision, "hidden_size", "width", default=0) or 0
+    inter = _int(vision, "intermediate_size", default=4 * h) or 4 * h
+    layers = _int(vision, "num_hidden_layers", "depth", "layers", default=0) or 0
+    patch = _int(vision, "patch_size", default=14) or 14
+    channels = _int(vision, "num_channels", default=3) or 3
+    return layers * (4 * h * h + 2 * h * inter) + channels * patch * patch * h + h * text_hidden + text_hidden**2
 
 
 def model_info_from_config(
     config: dict[str, Any], *, name: str, folder: Path | None = None, checkpoint: CheckpointBytes | None = None
 ) -> ModelInfo:
-    """ModelInfo from a parsed config.json (`name` appears in errors)."""
+    """ModelInfo from a parsed config.json (`name` appears in errors); missing fields from the class defaults."""
+    config = _with_defaults_if_incomplete(config, name)
     text = _text_config(config)
-    architectures = config.get("architectures") or [text.get("model_type", "unknown")]
-    layers = _int(text, "num_hidden_layers", "n_layer", "num_layers")
-    hidden = _int(text, "hidden_size", "n_embd", "d_model")
-    heads = _int(text, "num_attention_heads", "n_head")
-    if not layers or not hidden or not heads:
-        raise ModelInfoError(
-            f"model {name}: config.json lacks num_hidden_layers, hidden_size or num_attention_heads, so its memory "
-            "cannot be planned. Accepted: decoder configs in the Hugging Face layout (Llama, Mistral, Qwen, Gemma, "
-            "Phi, DeepSeek, Mixtral ...), with a multimodal model's language part under text_config."
-        )
-    kv_heads = _int(text, "num_key_value_heads", "n_head_kv", "num_kv_heads", default=heads) or heads
-    head_dim = _int(text, "head_dim", default=None) or hidden // heads
+    layers = _int(text, "num_hidden_layers", "n_layer", "num_layers") or 0
+    hidden = _int(text, "hidden_size", "n_embd", "d_model") or 0
+    heads = _int(text, "num_attention_heads", "n_head") or 0
+    method, bits, group_size, experts_only = _quantization(config)
+    window = None if text.get("use_sliding_window") is False else _int(text, "sliding_window", default=None)
     layer_types = text.get("layer_types")
-    method, bits, group_size = _quantization(config)
-    experts = _int(text, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0
-    window = _int(text, "sliding_window", default=None)
-    if text.get("use_sliding_window") is False:
-        window = None
+    limit, limit_key = derived_max_len(text)
+    shared = _int(text, "shared_expert_intermediate_size", default=0) or (
+        (_int(text, "n_shared_experts", default=0) or 0) * (_int(text, "moe_intermediate_size", default=0) or 0)
+    )
+    if not shared and str(text.get("model_type", "")).startswith("llama4"):
+        shared = _int(text, "intermediate_size", default=0) or 0  # Llama 4: one shared expert per MoE layer
     return ModelInfo(
         name=name,
         folder=folder,
-        architecture=str(architectures[0]),
+        architecture=str((config.get("architectures") or [text.get("model_type", "unknown")])[0]),
         model_type=str(text.get("model_type", "")),
         num_layers=layers,
         hidden_size=hidden,
         num_attention_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
+        num_kv_heads=_int(text, "num_key_value_heads", "n_head_kv", "num_kv_heads", default=heads) or heads,
+        head_dim=_int(text, "head_dim", default=None) or hidden // heads,
         intermediate_size=_int(text, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden) or 4 * hidden,
         vocab_size=_int(text, "vocab_size", default=32000) or 32000,
         torch_dtype=str(text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or "bfloat16"),
@@ -293,17 +350,20 @@ def model_info_from_config(
         layer_types=tuple(str(t) for t in layer_types) if isinstance(layer_types, list) else (),
         kv_lora_rank=_int(text, "kv_lora_rank"),
         qk_rope_head_dim=_int(text, "qk_rope_head_dim"),
-        num_experts=experts,
+        num_experts=_int(text, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0,
         experts_per_token=_int(text, "num_experts_per_tok", default=0) or 0,
         moe_intermediate_size=_int(text, "moe_intermediate_size", default=None),
-        shared_expert_intermediate_size=(
-            _int(text, "shared_expert_intermediate_size", default=0)
-            or (_int(text, "n_shared_experts", default=0) or 0) * (_int(text, "moe_intermediate_size", default=0) or 0)
-        ),
+        shared_expert_intermediate_size=shared,
         quant_method=method,
         quant_bits=bits,
         quant_group_size=group_size,
+        quant_experts_only=experts_only,
         checkpoint=checkpoint,
+        kinds=layer_kinds(text, layers, window),
+        attention_chunk_size=_int(text, "attention_chunk_size", default=None),
+        derived_max_len=limit,
+        derived_max_len_key=limit_key,
+        vision_params=_vision_params(config, hidden),
         raw=config,
     )
 
@@ -333,59 +393,6 @@ def load_model_info(model: str, *, read_weights: bool = True) -> ModelInfo:
     return model_info_from_config(config, name=model, folder=folder, checkpoint=checkpoint)
 
 
-def architecture_weight_bytes(info: ModelInfo, dtype_bytes: float) -> int:
-    """Weights from the architecture alone: embeddings, attention, MLP or experts, norms; quantized linear layers at
-    their bit width plus one fp16 scale (and a packed zero point) per group."""
-    h, layers = info.hidden_size, info.num_layers
-    q_out = info.num_attention_heads * info.head_dim
-    kv_out = info.num_kv_heads * info.head_dim
-    if info.is_mla:
-        rank = info.kv_lora_rank or 0
-        rope = info.qk_rope_head_dim or 0
-        q_lora = _int(info.raw, "q_lora_rank", default=0) or 0
-        nope = _int(info.raw, "qk_nope_head_dim", default=info.head_dim) or info.head_dim
-        v_dim = _int(info.raw, "v_head_dim", default=info.head_dim) or info.head_dim
-        heads = info.num_attention_heads
-        q_params = (h * q_lora + q_lora * heads * (nope + rope)) if q_lora else h * heads * (nope + rope)
-        attention = q_params + h * (rank + rope) + rank * heads * (nope + v_dim) + heads * v_dim * h
-    else:
-        attention = h * q_out + 2 * h * kv_out + q_out * h
-    if info.num_experts:
-        expert_inter = info.moe_intermediate_size or info.intermediate_size
-        dense_first = _int(info.raw, "first_k_dense_replace", default=0) or 0
-        moe_layers = layers - dense_first
-        mlp_total = (
-            moe_layers
-            * (
-                info.num_experts * 3 * h * expert_inter
-                + h * info.num_experts
-                + 3 * h * info.shared_expert_intermediate_size
-            )
-            + dense_first * 3 * h * info.intermediate_size
-        )
-    else:
-        mlp_total = layers * _mlp_matrices(info) * h * info.intermediate_size
-    linear = layers * attention + mlp_total
-    embeddings = info.vocab_size * h * (1 if info.tie_word_embeddings else 2)
-    small = layers * 2 * h + h
-    float_params = embeddings + small
-    if info.quant_bits and info.quant_bits < 16:
-        group = info.quant_group_size if info.quant_group_size and info.quant_group_size > 0 else 128
-        per_weight = info.quant_bits / 8 + (2 + info.quant_bits / 8) / group
-        return int(linear * per_weight + float_params * dtype_bytes)
-    return int((linear + float_params) * dtype_bytes)
-
-
-# Model types whose MLP is up/down only (no gate): two matrices per layer instead of three.
-_UNGATED_MLP = frozenset(
-    {"phi", "gpt2", "gpt_neox", "gptj", "opt", "bloom", "falcon", "starcoder2", "mpt", "gpt_bigcode"}
-)
-
-
-def _mlp_matrices(info: ModelInfo) -> int:
-    return 2 if info.model_type in _UNGATED_MLP else 3
-
-
 def dtype_bytes(name: str) -> float:
     """Element size of a torch dtype name ("bfloat16", "torch.float16", "fp8")."""
     key = name.replace("torch.", "").lower()
@@ -404,7 +411,6 @@ __all__ = [
     "CheckpointBytes",
     "ModelInfo",
     "ModelInfoError",
-    "architecture_weight_bytes",
     "ceil_div",
     "checkpoint_bytes",
     "dtype_bytes",

@@ -1,26 +1,26 @@
 """Where plans meet configs: the card a config is planned on, the ladder of strategies, and `--vllm-preflight`.
 
 A preflight plans the config a test would launch, on the run's tier, without a server: a config predicted to fit
-gets a PlannedServer (its loads are not run; the report says planned), one predicted not to fit raises the
-VLLMStartupError a real startup would raise, with the plan's figures.
+gets a launch.planned.PlannedServer (its loads are not run; the report says planned), one predicted not to fit raises
+the VLLMStartupError a real startup would raise, with the plan's figures. Pure: the session's plans and calibrations
+live in a SessionPlans the launch path hands in, and nothing here starts a server.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 from pytest_vllm_mem.config import VLLMConfig
+from pytest_vllm_mem.diagnosis.diagnose import StartupMemory
+from pytest_vllm_mem.memory import DeviceInfo, cpu_node_memory
+from pytest_vllm_mem.plan.calibration import CalibrationStore, calibration_key, from_startup
 from pytest_vllm_mem.plan.memory_plan import Calibration, Card, Plan, PlanError, plan
 from pytest_vllm_mem.plan.modelinfo import ModelInfo, ModelInfoError, load_model_info
 from pytest_vllm_mem.tiers import Tier
 from pytest_vllm_mem.units import GIB
-
-if TYPE_CHECKING:
-    from pytest_vllm_mem.kinds import FailureKind
-    from pytest_vllm_mem.load.client import LoadResult, LoadSpec
 
 # The four rungs of the example suite's ladder (example_suite/conftest.py, `strategies`).
 LADDER: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -181,30 +181,42 @@ def compare(result: Plan, memory: Mapping[str, Any]) -> dict[str, Any]:
 # --- the plugin: a plan for every launched config, and --vllm-preflight ----------------------------------------------
 
 
-class PlannedServer:
-    """Stands in for a server under --vllm-preflight when the plan predicts it fits: nothing runs, loads are not
-    measured (vllm_load returns a planned result), the report says `planned`."""
+@dataclass(frozen=True)
+class SessionPlan:
+    """A launched config's plan in this session, with what re-planning and calibrating it needs."""
 
-    def __init__(self, config: VLLMConfig, launched: VLLMConfig, result: Plan, notes: list[str]) -> None:
-        from pytest_vllm_mem.launch.server import StartupOutcome
+    plan: Plan
+    calibration_key: str
+    planned_config: VLLMConfig  # as planned: a CPU runner planning the GPU job plans the flags as written
+    replan: Callable[[dict[str, Any]], Plan]  # the same plan with some flags changed (the advice's checks)
 
-        self.config = config
-        self.launched = launched
-        self.plan = result
-        self.pid: int | None = None
-        self.memory = None
-        self.log_path = None
-        self.startup = StartupOutcome(True, "planned", 0.0, 0)
-        self.notes = [*notes, "planned by --vllm-preflight, not measured: no server was started"]
 
-    def alive(self) -> bool:
-        return True
+@dataclass
+class SessionPlans:
+    """The plans and calibrations of one session: launch.pool.Session holds one, the report and the tuner read it."""
 
-    def __getattr__(self, name: str) -> Any:
-        raise AttributeError(
-            f"{name}: under --vllm-preflight no server runs (the config was planned, not started); "
-            "only vllm_load and the plan are available"
-        )
+    reports: dict[VLLMConfig, dict[str, Any]] = field(default_factory=dict)  # Plan.to_dict(), or {"error": why}
+    plans: dict[VLLMConfig, SessionPlan] = field(default_factory=dict)
+    calibrations: dict[str, Calibration] = field(default_factory=dict)  # by calibration key
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """What a session plan reads of the session: the device and tier, vLLM's release and default utilization, the
+    preflight options, where calibrations are stored, and the device's total memory right before a launch."""
+
+    device: DeviceInfo
+    tier: Tier
+    vllm_version: str | None
+    default_utilization: float
+    device_total: Callable[[], int]
+    calibration_file: Path
+    preflight: bool = False
+    model_override: str | None = None
+
+
+class Unplannable(Exception):
+    """--vllm-preflight cannot plan this config (the pytest adapter skips the test with the reason)."""
 
 
 def preflight_card(backend: str, tier: Tier, model_override: str | None, requested_model: str) -> str:
@@ -213,30 +225,6 @@ def preflight_card(backend: str, tier: Tier, model_override: str | None, request
     if backend == "cpu" and not tier.auto and not model_override and requested_model != "tiny":
         return "cuda"
     return backend
-
-
-def planned_load_result(spec: LoadSpec) -> LoadResult:
-    """What vllm_load returns under --vllm-preflight: every request of `spec` 'completed', no figures measured."""
-    from pytest_vllm_mem.load.client import LoadResult, Percentiles
-
-    zero = Percentiles(0.0, 0.0, 0.0, 0.0)
-    return LoadResult(
-        num_prompts=spec.num_prompts,
-        concurrency=spec.concurrency,
-        request_rate=spec.request_rate,
-        completed=spec.num_prompts,
-        failed=0,
-        errors=[],
-        duration_s=0.0,
-        request_throughput=0.0,
-        output_throughput=0.0,
-        total_output_tokens=0,
-        total_input_tokens=0,
-        ttft=zero,
-        tpot=zero,
-        itl=zero,
-        e2el=zero,
-    )
 
 
 def plan_advice(result: Plan, replan: Callable[[dict[str, Any]], Plan]) -> list[str]:
@@ -262,122 +250,82 @@ def plan_advice(result: Plan, replan: Callable[[dict[str, Any]], Plan]) -> list[
     return steps or ["a larger tier: no utilization, context length or eager mode makes this config fit"]
 
 
-def predicted_failure(config: VLLMConfig, launched: VLLMConfig, result: Plan, advice: list[str]) -> Exception:
-    """The VLLMStartupError a real startup of a config predicted not to fit would raise, with the plan's figures."""
-    from pytest_vllm_mem.diagnosis.diagnose import Diagnosis
-    from pytest_vllm_mem.launch.server import StartupOutcome, VLLMStartupError
-
-    sure = "" if result.sure else " (the verdict is within the estimate's range: a real startup may differ)"
-    kind = cast("FailureKind", result.verdict)  # plan.VERDICTS other than "fits" are all failure kinds
-    diagnosis = Diagnosis(
-        kind=kind,
-        summary=f"predicted by the plan, not measured: {result.summary}{sure}",
-        root_cause=tuple(line.strip() for line in result.lines()[1:]),
-        figures=plan_figures(result),
-    )
-    error = VLLMStartupError(
-        diagnosis, launched, None, StartupOutcome(False, result.verdict, 0.0, 0), advice, config=config
-    )
-    return error
-
-
-def session_plan(state: Any, config: VLLMConfig, launched: VLLMConfig) -> Plan | None:
-    """The plan of `launched` in this session (a SessionState), kept in state.plans for the report; None (and the
-    reason kept) when the model cannot be planned. Never raises: in a real run the plan is a bonus."""
-    from pytest_vllm_mem.plan.calibration import CalibrationStore, calibration_key
-
-    settings = state.settings
-    device = state.device
-    tier = state.tier
+def session_plan(plans: SessionPlans, context: PlanContext, config: VLLMConfig, launched: VLLMConfig) -> Plan | None:
+    """The plan of `launched` in this session, kept in `plans` for the report; None (and the reason kept) when the
+    model cannot be planned. Never raises: in a real run the plan is a bonus."""
+    device, tier = context.device, context.tier
     backend = device.backend
-    if getattr(settings, "vllm_preflight", False):
-        backend = preflight_card(device.backend, tier, settings.vllm_model_override, config.model)
-    version = state.parser_table.version
-    default_utilization = float(state.parser_table.default("gpu_memory_utilization", 0.92))
+    if context.preflight:
+        backend = preflight_card(device.backend, tier, context.model_override, config.model)
     if backend == device.backend:
-        total = state.device_total_now()
+        total = context.device_total()
         available = None
         if backend == "cpu":
-            from pytest_vllm_mem.memory import cpu_node_memory
-
             total, available = cpu_node_memory()
         card = Card(backend, device.name, total, available_bytes=available)
         planned_config = launched
     else:  # a CPU runner planning the GPU job: a card of the tier's size, the flags as written
         card = card_for("cuda", tier)
         planned_config = VLLMConfig(launched.model, env=launched.env, **config.flags)
-    key = calibration_key(launched.model, version, card.name, dict(planned_config.flags))
-    calibration = state.calibrations.get(key) if hasattr(state, "calibrations") else None
+    key = calibration_key(launched.model, context.vllm_version, card.name, dict(planned_config.flags))
+    calibration = plans.calibrations.get(key)
     if calibration is None:
-        calibration = CalibrationStore(calibration_path(settings)).get(key)
+        calibration = CalibrationStore(context.calibration_file).get(key)
+
+    def replan(flags: dict[str, Any]) -> Plan:
+        return plan_config(
+            planned_config.with_flags(**flags),
+            card,
+            tier=tier,
+            vllm_version=context.vllm_version,
+            default_utilization=context.default_utilization,
+            calibration=calibration,
+        )
+
     result, why = try_plan(
         planned_config,
         card,
         tier=tier,
-        vllm_version=version,
-        default_utilization=default_utilization,
+        vllm_version=context.vllm_version,
+        default_utilization=context.default_utilization,
         calibration=calibration,
     )
-    state.plans[launched] = result.to_dict() if result is not None else {"error": why}
+    plans.reports[launched] = result.to_dict() if result is not None else {"error": why}
     if result is not None:
-
-        def replan(flags: dict[str, Any]) -> Plan:
-            return plan_config(
-                planned_config.with_flags(**flags),
-                card,
-                tier=tier,
-                vllm_version=version,
-                default_utilization=default_utilization,
-                calibration=calibration,
-            )
-
-        state.plan_objects[launched] = (result, key, planned_config, replan)
+        plans.plans[launched] = SessionPlan(result, key, planned_config, replan)
     if planned_config != launched:  # a predicted failure reports the config as planned: find its plan by it too
-        state.plans[planned_config] = state.plans[launched]
-        if launched in state.plan_objects:
-            state.plan_objects[planned_config] = state.plan_objects[launched]
+        plans.reports[planned_config] = plans.reports[launched]
+        if launched in plans.plans:
+            plans.plans[planned_config] = plans.plans[launched]
     return result
 
 
-def calibration_path(settings: Any) -> Path:
-    """Calibrations live beside the baselines: reviewed and committed with them."""
-    return Path(settings.vllm_baseline).parent / "calibration.json"
+def calibration_path(baseline: Path) -> Path:
+    """Calibrations live beside the baselines (the --vllm-baseline file): reviewed and committed with them."""
+    return Path(baseline).parent / "calibration.json"
 
 
-def learn_from_startup(state: Any, launched: VLLMConfig, memory: Any, peak_bytes: int | None) -> None:
+def learn_from_startup(
+    plans: SessionPlans,
+    launched: VLLMConfig,
+    memory: StartupMemory | None,
+    peak_bytes: int | None,
+    store: Path | None = None,
+) -> None:
     """After a real startup: the logged overheads become this session's calibration for the same model, release,
-    device and flag shape, and are written beside the baselines with --vllm-update-baseline."""
-    from pytest_vllm_mem.plan.calibration import CalibrationStore, from_startup
-
-    found = state.plan_objects.get(launched)
+    device and flag shape, and are written to `store` (the calibration file, with --vllm-update-baseline)."""
+    found = plans.plans.get(launched)
     if found is None or memory is None:
         return
-    result, key = found[0], found[1]
-    calibration = from_startup(result, memory.to_dict(), peak_bytes)
+    calibration = from_startup(found.plan, memory.to_dict(), peak_bytes)
     if calibration is None:
         return
-    state.calibrations[key] = calibration
-    if state.settings.vllm_update_baseline:
+    plans.calibrations[found.calibration_key] = calibration
+    if store is not None:
         try:
-            CalibrationStore(calibration_path(state.settings)).put(key, calibration)
+            CalibrationStore(store).put(found.calibration_key, calibration)
         except OSError:
             pass  # the baseline write reports an unwritable folder; a calibration is not worth a second error
-
-
-def planned_or_raise(
-    state: Any, config: VLLMConfig, launched: VLLMConfig, result: Plan | None, notes: list[str]
-) -> PlannedServer:
-    """--vllm-preflight: a PlannedServer when the plan fits, else the predicted VLLMStartupError. A model that
-    cannot be planned is a usage problem of the preflight, reported as a skip with the reason."""
-    import pytest
-
-    if result is None:
-        why = state.plans.get(launched, {}).get("error", "no plan")
-        pytest.skip(f"--vllm-preflight cannot plan this config: {why}")
-    if not result.fits:
-        _, _, planned_config, replan = state.plan_objects[launched]
-        raise predicted_failure(config, planned_config, result, plan_advice(result, replan))
-    return PlannedServer(config, launched, result, notes)
 
 
 def kv_cell(measured: int | None, planned: Mapping[str, Any] | None) -> str:
@@ -398,13 +346,13 @@ def preflight_tier(selected: str, minimum: str | None, maximum: str | None) -> s
     return minimum or maximum or selected
 
 
-def plan_record(state: Any, launched: VLLMConfig, memory: Mapping[str, Any]) -> dict[str, Any] | None:
+def plan_record(plans: SessionPlans, launched: VLLMConfig, memory: Mapping[str, Any]) -> dict[str, Any] | None:
     """What a test's record keeps of the plan: the plan, and where vLLM logged figures, plan vs logged per term
     (`vs_logged`: planned, logged, relative error), so the results JSON has both side by side."""
-    data: dict[str, Any] | None = state.plans.get(launched)
+    data: dict[str, Any] | None = plans.reports.get(launched)
     if data is None:
         return None
-    found = state.plan_objects.get(launched)
+    found = plans.plans.get(launched)
     if found is not None and memory:
-        data = {**data, "vs_logged": compare(found[0], memory)}
+        data = {**data, "vs_logged": compare(found.plan, memory)}
     return data

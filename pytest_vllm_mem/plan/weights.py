@@ -1,0 +1,111 @@
+"""Weights from the architecture alone (config.json), whole or for one pipeline stage.
+
+Per layer: attention (GQA or MLA), the MLP or the experts (with router and shared expert), two norms. Once: the
+input embedding (first stage), the LM head (last stage; tied to the embedding on one GPU, its own copy on the last
+stage when the embedding lives on another), the final norm, and a multimodal model's vision tower (first stage).
+Quantized checkpoints keep their linear layers at the stored bit width plus one 16-bit scale (and a packed zero
+point) per group; mxfp4 (gpt-oss) quantizes only the experts, at 4 bits with one 8-bit scale per 32 weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pytest_vllm_mem.plan.modelinfo import ModelInfo, _int
+
+# Model types whose MLP is up/down only (no gate): two matrices per layer instead of three.
+_UNGATED_MLP = frozenset(
+    {"phi", "gpt2", "gpt_neox", "gptj", "opt", "bloom", "falcon", "starcoder2", "mpt", "gpt_bigcode"}
+)
+
+
+@dataclass(frozen=True)
+class Parameters:
+    """Parameter counts by where they live and how they are stored."""
+
+    expert_per_layer: float  # routed experts (average over all layers, MoE or dense-first)
+    other_linear_per_layer: float  # attention, dense MLP, router, shared expert
+    norms_per_layer: int
+    embedding: int
+    lm_head: int  # 0 when tied to the embedding
+    final_norm: int
+    vision: int
+
+
+def _attention_params(info: ModelInfo) -> int:
+    h = info.hidden_size
+    if not info.is_mla:
+        q_out, kv_out = info.num_attention_heads * info.head_dim, info.num_kv_heads * info.head_dim
+        return h * q_out + 2 * h * kv_out + q_out * h
+    rank, rope = info.kv_lora_rank or 0, info.qk_rope_head_dim or 0
+    q_lora = _int(info.raw, "q_lora_rank", default=0) or 0
+    nope = _int(info.raw, "qk_nope_head_dim", default=info.head_dim) or info.head_dim
+    v_dim = _int(info.raw, "v_head_dim", default=info.head_dim) or info.head_dim
+    heads = info.num_attention_heads
+    q_params = (h * q_lora + q_lora * heads * (nope + rope)) if q_lora else h * heads * (nope + rope)
+    return q_params + h * (rank + rope) + rank * heads * (nope + v_dim) + heads * v_dim * h
+
+
+def _padded_expert_area(info: ModelInfo, hidden: int, inter: int) -> int:
+    """hidden x intermediate of one expert matrix as loaded. vLLM's mxfp4 MoE pads both for its kernels; on GPUs
+    without native FP4 (Marlin backend, vllm 0.32 fused_moe/oracle/mxfp4.py) intermediate to 128, hidden to 256:
+    gpt-oss's 2880 x 2880 becomes 3072 x 2944."""
+    if info.quant_method not in ("mxfp4", "gpt_oss_mxfp4"):
+        return hidden * inter
+    return (-(-hidden // 256) * 256) * (-(-inter // 128) * 128)
+
+
+def parameters(info: ModelInfo) -> Parameters:
+    h, layers = info.hidden_size, info.num_layers
+    attention = _attention_params(info)
+    if info.num_experts:
+        expert_inter = info.moe_intermediate_size or info.intermediate_size
+        dense_first = _int(info.raw, "first_k_dense_replace", default=0) or 0
+        moe_layers = layers - dense_first
+        experts = moe_layers * info.num_experts * 3 * _padded_expert_area(info, h, expert_inter)
+        other = (
+            moe_layers * (h * info.num_experts + 3 * h * info.shared_expert_intermediate_size)
+            + dense_first * 3 * h * info.intermediate_size
+        )
+    else:
+        matrices = 2 if info.model_type in _UNGATED_MLP else 3
+        experts, other = 0, layers * matrices * h * info.intermediate_size
+    return Parameters(
+        expert_per_layer=experts / layers,
+        other_linear_per_layer=attention + other / layers,
+        norms_per_layer=2 * h,
+        embedding=info.vocab_size * h,
+        lm_head=0 if info.tie_word_embeddings else info.vocab_size * h,
+        final_norm=h,
+        vision=info.vision_params,
+    )
+
+
+def _bytes_per_quantized_weight(info: ModelInfo) -> float:
+    bits = info.quant_bits or 16
+    if info.quant_method in ("mxfp4", "gpt_oss_mxfp4"):
+        return bits / 8 + 1 / 32
+    group = info.quant_group_size if info.quant_group_size and info.quant_group_size > 0 else 128
+    return bits / 8 + (2 + bits / 8) / group
+
+
+def architecture_weight_bytes(
+    info: ModelInfo, dtype_bytes: float, *, layers: int | None = None, first: bool = True, last: bool = True
+) -> int:
+    """Weight bytes of `layers` decoder layers (default all) plus what the first and last stage hold."""
+    parts = parameters(info)
+    count = info.num_layers if layers is None else layers
+    quantized = bool(info.quant_bits and info.quant_bits < 16)
+    per_quantized = _bytes_per_quantized_weight(info) if quantized else dtype_bytes
+    other_bytes = dtype_bytes if info.quant_experts_only or not quantized else per_quantized
+    layer_bytes = parts.expert_per_layer * per_quantized + parts.other_linear_per_layer * other_bytes
+    total = count * (layer_bytes + parts.norms_per_layer * dtype_bytes)
+    if first:
+        total += (parts.embedding + parts.vision) * dtype_bytes
+    if last:
+        head = parts.lm_head or (0 if first else parts.embedding)  # a tied head is its own copy on another stage
+        total += (head + parts.final_norm) * dtype_bytes
+    return int(total)
+
+
+__all__ = ["Parameters", "architecture_weight_bytes", "parameters"]
