@@ -8,7 +8,8 @@ so a suite that passes on the 24gb tier passes on every 24 GB card.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from pytest_vllm_mem.config import VLLMConfig
 from pytest_vllm_mem.units import GIB, format_bytes
@@ -92,18 +93,31 @@ class Emulation:
     device_total_bytes: int
     utilization_before: float
     utilization_after: float
+    # max_num_batched_tokens / max_num_seqs set to what vLLM picks on a card of the tier's size (empty: the same)
+    batch_flags: dict[str, int] = field(default_factory=dict)
 
     def describe(self) -> str:
+        batch = ", ".join(f"{name} {value}" for name, value in self.batch_flags.items())
         return (
             f"emulating the {self.tier} tier on a {format_bytes(self.device_total_bytes)} device: "
             f"gpu_memory_utilization {self.utilization_before:g} -> {self.utilization_after:.4f} "
             f"(x {self.tier.bytes / self.device_total_bytes:.3f}), so vLLM reserves "
             f"{format_bytes(int(self.utilization_before * self.tier.bytes))}"
+            + (f"; {batch}, vLLM's defaults on a card of the tier's size" if batch else "")
         )
 
 
+# A device's total bytes -> (max_num_batched_tokens, max_num_seqs) vLLM's `vllm serve` picks on it when the config
+# sets neither (EngineArgs.get_batch_defaults; plan.batch_rule reads it from the installed vLLM).
+BatchRule = Callable[[int], tuple[int, int]]
+
+
 def emulate_tier(
-    config: VLLMConfig, tier: Tier, device_total_bytes: int, default_utilization: float
+    config: VLLMConfig,
+    tier: Tier,
+    device_total_bytes: int,
+    default_utilization: float,
+    batch_rule: BatchRule | None = None,
 ) -> tuple[VLLMConfig, Emulation | None]:
     """Scale --gpu-memory-utilization by tier/device so vLLM's reservation (utilization * total) fits the tier.
 
@@ -111,10 +125,24 @@ def emulate_tier(
     figure of its "Desired GPU memory utilization is (0.9, 72.0 GiB)" line); on the CPU backend the same product
     sizes the KV cache from the memory vLLM sees. Scaling the fraction is therefore the one
     mechanism that works on both, with no change to vLLM.
+
+    vLLM also sizes its batch defaults from the device's total (`batch_rule`, GPUs only): a 24gb tier on an H200
+    would profile 8192 tokens and warm up 1024 sequences where a 24 GB card does 2048 and 256, so neither its
+    activation peak nor its KV cache were a 24 GB card's. Where the rule gives the tier's size other defaults than
+    the device's, the launch sets them, unless the config sets them itself (performance_mode=throughput doubles
+    them, as vLLM does for its own defaults).
     """
     if tier.auto or device_total_bytes <= tier.bytes * _EMULATION_THRESHOLD:
         return config, None
     before = float(config.flag("gpu_memory_utilization", default_utilization))
     after = round(before * tier.bytes / device_total_bytes, 4)
-    emulation = Emulation(tier, device_total_bytes, before, after)
-    return config.with_flags(gpu_memory_utilization=after), emulation
+    batch: dict[str, int] = {}
+    if batch_rule is not None:
+        on_tier = batch_rule(tier.bytes)
+        if on_tier != batch_rule(device_total_bytes):
+            factor = 2 if config.flag("performance_mode") == "throughput" else 1
+            for name, value in zip(("max_num_batched_tokens", "max_num_seqs"), on_tier):
+                if config.flag(name) is None:
+                    batch[name] = value * factor
+    emulation = Emulation(tier, device_total_bytes, before, after, batch)
+    return config.with_flags(gpu_memory_utilization=after, **batch), emulation

@@ -13,7 +13,15 @@ Modelled on pynvml.py itself, not on what the plugin happens to call:
   raise (a driver's NOT_FOUND race), and a GPU that is lost raises GPU_IS_LOST everywhere;
 - the unversioned process getters call `_v3` and raise `NVMLLibraryMismatchError` (not an NVMLError) when the
   driver lacks it, as pynvml's `throwOnVersionMismatch` does;
-- names and UUIDs come back as str (nvidia-ml-py >= 12) unless a test gives bytes, as older versions returned.
+- names and UUIDs come back as str (nvidia-ml-py >= 12) unless a test gives bytes, as older versions returned;
+- memory as c_nvmlMemory_t (v1: `used` and `total` include the driver's reserved memory) or, with
+  `version=nvmlMemory_v2`, as c_nvmlMemory_v2_t (`total`, `reserved`, `free`, `used` without the reserved part; CUDA's
+  total is total - reserved); a driver without nvmlDeviceGetMemoryInfo_v2 raises FUNCTION_NOT_FOUND for it;
+- `usedGpuMemory` None where the driver says NVML_VALUE_NOT_AVAILABLE (pynvml converts it), or 0 where a container
+  driver reports 0 for a process that holds memory (`used` of the GPU still rises);
+- MPS clients in their own list (nvmlDeviceGetMPSComputeRunningProcesses, `_v2`, `_v3`);
+- the host's processes as /proc shows them (`FakeHost`): session, parent and name per pid; a pid it does not list
+  is in another PID namespace (NVML may list host pids that /proc cannot see).
 """
 
 from __future__ import annotations
@@ -40,8 +48,11 @@ NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
 NVML_ERROR_UNKNOWN = 999
+NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
 NVML_DEVICE_MIG_DISABLE = 0
 NVML_DEVICE_MIG_ENABLE = 1
+NVML_VALUE_NOT_AVAILABLE_ULONGLONG = 2**64 - 1  # pynvml: NVML_VALUE_NOT_AVAILABLE_ulonglong = c_ulonglong(-1)
+nvmlMemory_v2 = 0x02000028  # pynvml: nvmlStructVersion(c_nvmlMemory_v2_t, 2)
 
 
 class NVMLLibraryMismatchError(Exception):
@@ -64,6 +75,7 @@ class NVMLError(Exception):
         NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
         NVML_ERROR_GPU_IS_LOST: "GPU is lost",
         NVML_ERROR_LIB_RM_VERSION_MISMATCH: "RM has detected an NVML/RM version mismatch.",
+        NVML_ERROR_ARGUMENT_VERSION_MISMATCH: "Argument version mismatch",
         NVML_ERROR_UNKNOWN: "Unknown Error",
     }
     value: int
@@ -116,9 +128,62 @@ class Proc:
 
 @dataclass
 class Memory:
+    """c_nvmlMemory_t."""
+
     total: int
     free: int
     used: int
+
+
+@dataclass
+class MemoryV2:
+    """c_nvmlMemory_v2_t: the fields in pynvml's order."""
+
+    version: int
+    total: int
+    reserved: int
+    free: int
+    used: int
+
+
+@dataclass
+class FakeProcess:
+    session: int
+    parent: int = 1
+    name: str = "python3"
+
+
+@dataclass
+class FakeHost:
+    """The processes /proc shows, for NvmlProbe's `processes=`: pid -> session, parent, name. A pid not listed is in
+    another PID namespace (or gone): session_of and parent_of give None, as memory.process_tree.ProcessTable does."""
+
+    processes: dict[int, FakeProcess] = field(default_factory=dict)
+    own: int = 1  # the session of "this pytest" (and of its xdist workers)
+
+    def add(self, pid: int, session: int, parent: int = 1, name: str = "python3") -> None:
+        self.processes[pid] = FakeProcess(session, parent, name)
+
+    def server(self, root: int, *children: int) -> None:
+        """A server started in a session of its own (launch/server.py: start_new_session), children under it."""
+        self.add(root, root, parent=self.own)
+        for child in children:
+            self.add(child, root, parent=root)
+
+    def session_of(self, pid: int) -> int | None:
+        process = self.processes.get(pid)
+        return process.session if process else None
+
+    def parent_of(self, pid: int) -> int | None:
+        process = self.processes.get(pid)
+        return process.parent if process else None
+
+    def name_of(self, pid: int) -> str:
+        process = self.processes.get(pid)
+        return process.name if process else "?"
+
+    def own_session(self) -> int | None:
+        return self.own
 
 
 @dataclass
@@ -137,10 +202,14 @@ class FakeGpu:
     uuid: str
     name: str | bytes = "NVIDIA H100 80GB HBM3"
     total: int = 80 * GiB
-    used: int = 1 * GiB
+    used: int = 1 * GiB  # allocated memory, the driver's reserved memory not included
     compute: list[tuple[int, int | None]] = field(default_factory=list)
     graphics: list[tuple[int, int | None]] = field(default_factory=list)
     graphics_supported: bool = False  # data-center boards: the graphics list is NOT_SUPPORTED
+    reserved: int = 0  # the driver's own memory: in v1's used and total, apart in v2 (an H200: about 698 MiB)
+    memory_v2: bool = True  # False: a driver older than nvmlDeviceGetMemoryInfo_v2 (before 510)
+    mps: list[tuple[int, int | None]] = field(default_factory=list)  # MPS client processes
+    mps_supported: bool = True
     mig_capable: bool = False
     mig_enabled: bool = False
     mig_slots: int = 7
@@ -173,6 +242,8 @@ class FakeNvml:
         init_error: int | BaseException | None = None,
         names: dict[int, str | bytes] | None = None,
         has_v3: bool = True,
+        host: FakeHost | None = None,
+        versions: tuple[str, str, int] = ("560.35.03", "12.560.35.03", 12060),
     ) -> None:
         self.gpus = gpus if gpus is not None else [FakeGpu("GPU-00000000-0000-0000-0000-000000000000")]
         self.init_error = init_error
@@ -181,6 +252,9 @@ class FakeNvml:
         self.refcount = 0
         self.inits = self.shutdowns = 0
         self.process_queries = 0
+        self.host = host if host is not None else FakeHost()
+        self.versions = versions  # driver, NVML, CUDA driver version (12060 = 12.6)
+        self.memory_queries = 0
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("NVMLError_") and name in globals():
@@ -243,13 +317,38 @@ class FakeNvml:
         self._alive(handle)
         return handle.mig.name if handle.mig else handle.gpu.name
 
-    def nvmlDeviceGetMemoryInfo(self, handle: _Handle, version: int | None = None) -> Memory:
+    def nvmlDeviceGetMemoryInfo(self, handle: _Handle, version: int | None = None) -> Memory | MemoryV2:
         self._alive(handle)
-        if handle.mig:
-            return Memory(handle.mig.total, handle.mig.total - handle.mig.used, handle.mig.used)
+        self.memory_queries += 1
         gpu = handle.gpu
-        used = gpu.used + sum(mig.used for mig in gpu.migs.values()) if gpu.mig_enabled else gpu.used
-        return Memory(gpu.total, gpu.total - used, used)
+        if handle.mig:
+            total, used, reserved = handle.mig.total, handle.mig.used, 0
+        else:
+            total, reserved = gpu.total, gpu.reserved
+            used = gpu.used + sum(mig.used for mig in gpu.migs.values()) if gpu.mig_enabled else gpu.used
+        free = total - reserved - used
+        if not version:
+            return Memory(total, free, used + reserved)
+        if not gpu.memory_v2:  # pynvml's _nvmlGetFunctionPointer("nvmlDeviceGetMemoryInfo_v2")
+            raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+        if version != nvmlMemory_v2:
+            raise NVMLError(NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        return MemoryV2(version, total, reserved, free, used)
+
+    nvmlMemory_v2 = nvmlMemory_v2
+    NVML_VALUE_NOT_AVAILABLE_ulonglong = NVML_VALUE_NOT_AVAILABLE_ULONGLONG
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._check()
+        return self.versions[0]
+
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        self._check()
+        return self.versions[1]
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._check()
+        return self.versions[2]
 
     # -- MIG --
 
@@ -302,6 +401,8 @@ class FakeNvml:
         gpu = handle.gpu
         if kind == "graphics":
             return [Proc(pid, used) for pid, used in gpu.graphics]
+        if kind == "mps":
+            return [Proc(pid, used) for pid, used in gpu.mps]
         if handle.mig:
             mig = handle.mig
             return [Proc(pid, used, mig.gpu_instance, mig.compute_instance) for pid, used in mig.compute]
@@ -320,6 +421,8 @@ class FakeNvml:
         self.process_queries += 1
         gpu = handle.gpu
         if kind == "graphics" and not gpu.graphics_supported:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        if kind == "mps" and not gpu.mps_supported:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         if gpu.fail_next:
             raise NVMLError(gpu.fail_next.pop(0))
@@ -354,6 +457,17 @@ class FakeNvml:
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: _Handle) -> list[Proc]:
         return self._unversioned(self.nvmlDeviceGetGraphicsRunningProcesses_v3, handle)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses_v2(self, handle: _Handle) -> list[Proc]:
+        return self._query(handle, "mps")
+
+    def nvmlDeviceGetMPSComputeRunningProcesses_v3(self, handle: _Handle) -> list[Proc]:
+        if not self.has_v3:
+            raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+        return self._query(handle, "mps")
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: _Handle) -> list[Proc]:
+        return self._unversioned(self.nvmlDeviceGetMPSComputeRunningProcesses_v3, handle)
 
     @staticmethod
     def _unversioned(function: Callable[[_Handle], list[Proc]], handle: _Handle) -> list[Proc]:

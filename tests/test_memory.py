@@ -47,6 +47,7 @@ from pytest_vllm_mem.memory import (
     server_devices,
     wait_for_free_memory,
 )
+from pytest_vllm_mem.memory.backend import UNLISTED_PID
 from pytest_vllm_mem.units import GIB
 
 MB = 1_000_000
@@ -85,7 +86,7 @@ def test_nvml_probe_sums_our_pids_per_process() -> None:
     nvml = one_gpu(
         compute=[(100, 2 * GIB), (200, 3 * GIB), (999, 5 * GIB)], graphics=[(100, 2 * GIB)], graphics_supported=True
     )
-    probe = NvmlProbe(0, nvml=nvml)
+    probe = NvmlProbe(0, nvml=nvml, processes=nvml.host)
     assert probe.device == DeviceInfo("cuda", H100, 80 * GIB, 0, gpu_uuid(0))
     assert isinstance(probe, MemoryProbe)
     assert probe.used_bytes({100, 200}) == 5 * GIB
@@ -98,7 +99,7 @@ def test_nvml_probe_sums_our_pids_per_process() -> None:
 def test_nvml_probe_falls_back_to_device_delta_when_no_pid_is_ours() -> None:
     # In a container with its own PID namespace the driver reports host pids: none of them is ours.
     nvml = one_gpu(used=10 * GIB, compute=[(4_000_001, 30 * GIB)])
-    probe = NvmlProbe(0, nvml=nvml)
+    probe = NvmlProbe(0, nvml=nvml, processes=nvml.host)
     nvml.gpus[0].used = 16 * GIB
     assert probe.used_bytes({100, 101}) == 6 * GIB
     assert probe.mode == "device_delta"
@@ -108,7 +109,7 @@ def test_nvml_probe_falls_back_to_device_delta_when_no_pid_is_ours() -> None:
 
 def test_nvml_probe_falls_back_when_used_memory_is_unavailable() -> None:
     nvml = one_gpu(used=2 * GIB, compute=[(100, None)])  # pynvml gives None for NVML_VALUE_NOT_AVAILABLE
-    probe = NvmlProbe(0, nvml=nvml)
+    probe = NvmlProbe(0, nvml=nvml, processes=nvml.host)
     nvml.gpus[0].used = 5 * GIB
     assert probe.used_bytes({100}) == 3 * GIB
     assert probe.mode == "device_delta"
@@ -116,7 +117,7 @@ def test_nvml_probe_falls_back_when_used_memory_is_unavailable() -> None:
 
 def test_nvml_probe_reports_zero_after_our_processes_leave_the_gpu() -> None:
     nvml = one_gpu(compute=[(100, 4 * GIB)])
-    probe = NvmlProbe(0, nvml=nvml)
+    probe = NvmlProbe(0, nvml=nvml, processes=nvml.host)
     assert probe.used_bytes({100}) == 4 * GIB
     nvml.gpus[0].compute = []
     nvml.gpus[0].used = 20 * GIB  # someone else's memory must not be counted once we know the driver sees our pids
@@ -124,19 +125,122 @@ def test_nvml_probe_reports_zero_after_our_processes_leave_the_gpu() -> None:
     assert probe.mode == "per_process"
 
 
-def test_nvml_probe_counts_new_processes_on_its_gpu_outside_the_tree() -> None:
-    # vLLM's Ray executor: the GPU worker is a child of Ray's raylet, not of the API server. A process that was on
-    # the GPU before the probe was created (another tenant) is never ours.
+def test_a_ray_worker_in_the_servers_session_is_counted() -> None:
+    # vLLM's Ray executor: the GPU worker is a child of Ray's raylet, re-parented out of the server's tree; Ray
+    # changes only its process group (ray/_private/services.py: os.setpgrp), so it keeps the server's session.
+    # A process that was on the GPU before the probe was created (another tenant) is never ours.
     nvml = one_gpu(compute=[(7, 3 * GIB)])
-    probe = NvmlProbe(0, nvml=nvml)
-    nvml.gpus[0].compute = [(7, 3 * GIB), (100, 1 * GIB), (5000, 20 * GIB)]  # 100: the API server; 5000: Ray worker
+    nvml.host.server(100, 101)
+    nvml.host.add(5000, session=100, parent=1, name="ray::RayWorkerWrapper")
+    probe = NvmlProbe(0, nvml=nvml, processes=nvml.host)
+    nvml.gpus[0].compute = [(7, 3 * GIB), (100, 1 * GIB), (5000, 20 * GIB)]
     assert probe.read({100, 101}) == (21 * GIB,)
+    assert probe.mode == "per_process" and probe.attribution_notes == []
+
+
+def test_a_new_process_of_another_job_or_worker_on_the_gpu_is_not_counted() -> None:
+    # Issue 23 item 1: a 20 GiB server next to a new 110 GiB foreign process read 130 GiB. The foreign ones: another
+    # CI job's server (its own session) and a sibling xdist worker's process (this pytest's session, which never
+    # ties a process to a server).
+    nvml = one_gpu()
+    host = nvml.host
+    host.server(100, 101)
+    host.server(7000)
+    host.add(8000, session=host.own, parent=host.own)
+    probe = NvmlProbe(0, nvml=nvml, processes=host)
+    nvml.gpus[0].compute = [(101, 20 * GIB), (7000, 100 * GIB), (8000, 10 * GIB)]
+    assert probe.read({100, 101}) == (20 * GIB,)
+    assert probe.attribution_notes == []
+
+
+def test_a_child_born_since_the_tree_was_read_is_counted_through_its_parent() -> None:
+    nvml = one_gpu()
+    nvml.host.server(100)
+    nvml.host.add(300, session=300, parent=100)  # it called setsid(), but its parent is the server
+    probe = NvmlProbe(0, nvml=nvml, processes=nvml.host)
+    nvml.gpus[0].compute = [(100, 1 * GIB), (300, 4 * GIB)]
+    assert probe.read({100}) == (5 * GIB,)
+
+
+def test_an_unseen_pid_is_not_counted_while_the_tree_is_listed() -> None:
+    # /proc cannot see 4_000_002: another container's process (another PID namespace) next to ours.
+    nvml = one_gpu()
+    nvml.host.server(100)
+    probe = NvmlProbe(0, nvml=nvml, processes=nvml.host)
+    nvml.gpus[0].compute = [(100, 2 * GIB), (4_000_002, 30 * GIB)]
+    assert probe.read({100}) == (2 * GIB,)
+    assert probe.attribution_notes == []
+
+
+def test_unseen_pids_are_counted_with_a_note_when_nvml_lists_host_pids() -> None:
+    # Inside a container NVML may report host pids: none of the tree's pids is listed, every new one is unseen.
+    nvml = one_gpu()
+    nvml.host.server(100, 101)
+    probe = NvmlProbe(0, nvml=nvml, processes=nvml.host)
+    nvml.gpus[0].compute = [(4_000_001, 6 * GIB), (4_000_002, 1 * GIB)]
+    assert probe.read({100, 101}) == (7 * GIB,)
     assert probe.mode == "per_process"
+    assert len(probe.attribution_notes) == 1 and "another PID namespace" in probe.attribution_notes[0]
+
+
+def test_a_ray_worker_of_a_cluster_the_server_did_not_start_is_left_out_with_a_note() -> None:
+    nvml = one_gpu()
+    nvml.host.server(100)
+    nvml.host.add(6000, session=50, parent=49, name="ray::RayWorkerWrapper")  # under an external `ray start`
+    probe = NvmlProbe(0, nvml=nvml, processes=nvml.host)
+    nvml.gpus[0].compute = [(100, 1 * GIB), (6000, 9 * GIB)]
+    assert probe.read({100}) == (1 * GIB,)
+    assert len(probe.attribution_notes) == 1 and "Ray worker pid 6000" in probe.attribution_notes[0]
+
+
+def test_a_zero_usedgpumemory_with_the_device_filling_falls_back_to_the_device_delta() -> None:
+    # Issue 23 item 3: some container drivers list processes with 0 bytes (open-gpu-kernel-modules PR #614,
+    # HAMi-core #112 shows `mem: 0` on 560.35.03): the sum of ours was a silent 0.
+    nvml = one_gpu(used=1 * GIB)
+    nvml.host.server(100)
+    probe = NvmlProbe(0, nvml=nvml, processes=nvml.host)
+    nvml.gpus[0].compute = [(100, 0)]
+    assert probe.read({100}) == (0,)  # listed with 0 before it allocated anything: a real 0
+    nvml.gpus[0].used = 13 * GIB
+    assert probe.read({100}) == (12 * GIB,)
+    assert probe.mode == "device_delta" and "0 bytes" in (probe.mode_reason or "")
+    assert any("0 bytes" in note for note in probe.attribution_notes)
+    nvml.gpus[0].compute = []  # the driver's figures are not trusted again for this server
+    assert probe.read({100}) == (12 * GIB,)
+
+
+def test_mps_clients_are_listed_and_counted() -> None:
+    # Under MPS the compute list shows nvidia-cuda-mps-server; the clients are in the MPS list.
+    nvml = one_gpu(compute=[(40, 300 * MB)])
+    nvml.host.server(100)
+    probe = NvmlProbe(0, nvml=nvml, processes=nvml.host)
+    nvml.gpus[0].mps = [(100, 7 * GIB)]
+    assert probe.read({100}) == (7 * GIB,)
+    assert [pid for pid, _, _ in probe.other_holders({100})] == [40]
+    nvml.gpus[0].mps_supported = False  # a board or driver without MPS: an empty list, not an error
+    nvml.gpus[0].compute = [(40, 300 * MB), (100, 7 * GIB)]
+    assert NvmlProbe(0, nvml=nvml, processes=nvml.host).read({100}) == (7 * GIB,)
+
+
+def test_nvml_v2_memory_leaves_out_the_drivers_reserved_memory() -> None:
+    # An H200: NVML v1 says 143771 MiB total; CUDA (and vLLM) size from 698 MiB less (issue 23 item 7).
+    reserved = 698 * 2**20
+    nvml = one_gpu(name="NVIDIA H200", total=143771 * 2**20, reserved=reserved, used=0)
+    probe = NvmlProbe(0, nvml=nvml, processes=nvml.host)
+    assert probe.device.total_bytes == 143771 * 2**20 - reserved
+    assert probe.device.card_bytes == 143771 * 2**20  # the label's size: what tiers are compared with
+    assert probe.memory_version == "v2"
+    assert probe.free_bytes() == (143771 * 2**20 - reserved,)
+    assert probe.device_used_bytes() == 0  # v1 would say 698 MiB used
+    old = one_gpu(total=80 * GIB, reserved=reserved, used=0, memory_v2=False)  # a driver before 510: v1 figures
+    old_probe = NvmlProbe(0, nvml=old, processes=old.host)
+    assert old_probe.device.total_bytes == 80 * GIB and old_probe.memory_version == "v1"
+    assert old_probe.free_bytes() == (80 * GIB - reserved,)
 
 
 def test_a_new_process_of_another_servers_tree_is_not_counted() -> None:
     nvml = one_gpu()
-    ours, theirs = NvmlProbe(0, nvml=nvml), NvmlProbe(0, nvml=nvml)
+    ours, theirs = NvmlProbe(0, nvml=nvml, processes=nvml.host), NvmlProbe(0, nvml=nvml, processes=nvml.host)
     nvml.gpus[0].compute = [(100, 2 * GIB), (200, 5 * GIB)]
     assert theirs.read({200}) == (5 * GIB,)  # the other server's sampler claims its tree
     assert ours.read({100}) == (2 * GIB,)
@@ -146,7 +250,7 @@ def test_a_new_process_of_another_servers_tree_is_not_counted() -> None:
 
 def test_nvml_probe_tolerates_unsupported_graphics_query_and_closes_once() -> None:
     nvml = one_gpu(compute=[(100, 1 * GIB)], graphics_supported=False)
-    probe = NvmlProbe(0, nvml=nvml)
+    probe = NvmlProbe(0, nvml=nvml, processes=nvml.host)
     assert probe.used_bytes([100]) == 1 * GIB
     probe.close()
     probe.close()
@@ -163,7 +267,7 @@ def test_nvml_probe_rejects_a_missing_device_index() -> None:
 def test_other_holders_lists_other_processes_with_names() -> None:
     own = os.getpid()
     nvml = one_gpu(compute=[(100, 2 * GIB), (200, None), (own, 1 * GIB)], names={100: b"python3", 200: "VLLM::Worker"})
-    probe = NvmlProbe(0, nvml=nvml)
+    probe = NvmlProbe(0, nvml=nvml, processes=nvml.host)
     assert probe.other_holders(exclude_pids={100}) == [
         (200, 0, "VLLM::Worker"),
         (own, 1 * GIB, psutil.Process(own).name()),  # NVML has no name for it: psutil's
@@ -176,7 +280,7 @@ def test_other_holders_lists_other_processes_with_names() -> None:
 
 def test_a_process_list_that_changes_under_the_query_is_retried() -> None:
     nvml = one_gpu(compute=[(100, 4 * GIB)])
-    probe = NvmlProbe(0, nvml=nvml)
+    probe = NvmlProbe(0, nvml=nvml, processes=nvml.host)
     gpu = nvml.gpus[0]
     gpu.fail_next = [NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_NOT_FOUND]  # two races, then a clean read
     assert probe.read({100}) == (4 * GIB,)
@@ -185,7 +289,7 @@ def test_a_process_list_that_changes_under_the_query_is_retried() -> None:
 
 def test_a_process_list_growing_past_pynvmls_array_is_retried() -> None:
     nvml = one_gpu(compute=[(100, 4 * GIB)])
-    probe = NvmlProbe(0, nvml=nvml)
+    probe = NvmlProbe(0, nvml=nvml, processes=nvml.host)
     gpu = nvml.gpus[0]
     grown = [(1000 + n, 1) for n in range(10)]
 
@@ -194,13 +298,14 @@ def test_a_process_list_growing_past_pynvmls_array_is_retried() -> None:
         target.between_calls = None
 
     gpu.between_calls = burst
-    assert probe.read({100}) == (4 * GIB + 10,)  # the new processes started after the probe: counted as ours
+    nvml.host.server(100, *(pid for pid, _ in grown))
+    assert probe.read({100}) == (4 * GIB + 10,)  # the new processes are the server's children: counted
 
 
 def test_a_race_that_does_not_clear_is_a_missing_sample_not_zero() -> None:
     own = os.getpid()
     nvml = one_gpu(compute=[(own, 4 * GIB)])
-    probe = NvmlProbe(0, nvml=nvml)
+    probe = NvmlProbe(0, nvml=nvml, processes=nvml.host)
     assert probe.read({own}) == (4 * GIB,)  # seen once: an empty list would now read as 0
     nvml.gpus[0].fail_next = [NVML_ERROR_INSUFFICIENT_SIZE] * 3
     with pytest.raises(ProbeReadError, match="could not list the compute processes of GPU 0: Insufficient Size"):
@@ -217,7 +322,7 @@ def test_a_race_that_does_not_clear_is_a_missing_sample_not_zero() -> None:
 
 def test_a_lost_gpu_is_a_clear_message() -> None:
     nvml = one_gpu(compute=[(100, 4 * GIB)])
-    probe = NvmlProbe(0, nvml=nvml)
+    probe = NvmlProbe(0, nvml=nvml, processes=nvml.host)
     nvml.gpus[0].lost = True
     with pytest.raises(ProbeReadError) as error:
         probe.read({100})
@@ -241,7 +346,7 @@ def test_the_unversioned_query_falls_back_to_v2_on_an_older_driver() -> None:
             nvml.nvmlDeviceGetComputeRunningProcesses(nvml.nvmlDeviceGetHandleByIndex(0))
         finally:
             nvml.nvmlShutdown()
-    probe = NvmlProbe(0, nvml=nvml)
+    probe = NvmlProbe(0, nvml=nvml, processes=nvml.host)
     assert probe.read({100}) == (3 * GIB,)
     assert probe.read({100}) == (3 * GIB,)
 
@@ -250,7 +355,7 @@ def test_an_older_driver_and_two_races_in_one_query_still_read() -> None:
     # The switch to _v2 must not use up the retries the races get.
     nvml = FakeNvml([FakeGpu(gpu_uuid(0), compute=[(100, 3 * GIB)])], has_v3=False)
     nvml.gpus[0].fail_next = [NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_NOT_FOUND]  # after the mismatch: two races
-    probe = NvmlProbe(0, nvml=nvml)
+    probe = NvmlProbe(0, nvml=nvml, processes=nvml.host)
     assert nvml.gpus[0].fail_next == []
     assert probe.read({100}) == (3 * GIB,)
 
@@ -349,7 +454,8 @@ def test_tensor_parallel_server_is_measured_on_every_gpu() -> None:
     flags = {"tensor_parallel_size": 2}
     devices = server_devices(visible, flags)
     assert [device.index for device in devices] == [2, 3]
-    probe = make_probe(devices, nvml=nvml)
+    nvml.host.server(os.getpid(), 1001, 1002, 1003)
+    probe = make_probe(devices, nvml=nvml, processes=nvml.host)
     nvml.gpus[2].compute = [(1001, 30 * GIB)]
     nvml.gpus[3].compute = [(1002, 31 * GIB)]
     nvml.gpus[0].compute = [(1003, 70 * GIB)]  # visible but not used by a TP=2 server: never measured
@@ -390,7 +496,7 @@ def test_server_devices_on_cpu_is_the_cpu() -> None:
 # detect_device / make_probe / device_count
 
 
-@pytest.mark.parametrize("name", [H100, H100.encode()])
+@pytest.mark.parametrize("name", [H100, H100.encode()], ids=["str", "bytes"])  # old pynvml returns bytes
 def test_detect_device_finds_a_gpu(name: str | bytes) -> None:
     nvml = FakeNvml(gpus(2, name=name, total=80 * GIB))
     device = detect_device(1, nvml=nvml)
@@ -453,7 +559,7 @@ def test_make_probe_picks_the_backend() -> None:
 
 def test_wait_for_free_memory_waits_until_holders_leave() -> None:
     nvml = one_gpu(used=70 * GIB, compute=[(4242, 69 * GIB)])
-    probe = NvmlProbe(0, nvml=nvml)
+    probe = NvmlProbe(0, nvml=nvml, processes=nvml.host)
     polls = [3]
 
     def drain(gpu: FakeGpu) -> None:  # an earlier server still exiting leaves after three queries
@@ -492,6 +598,27 @@ def test_wait_for_free_memory_waits_for_every_gpu_of_the_server() -> None:
     ]
     first_only = make_probe(detect_devices("0", nvml=nvml), nvml=nvml)
     assert wait_for_free_memory(first_only, (), needed_fraction=0.9, timeout_s=0.05, poll_s=0.01) == []
+
+
+def test_wait_for_free_memory_does_not_return_at_once_with_far_too_little_free_and_no_holder() -> None:
+    # Issue 23 item 5, reproduced on main: 10 GiB free, 128 GiB needed, NVML lists nobody (another container's
+    # processes, a MIG sibling): it returned [] at once and the server was started into a full card.
+    nvml = one_gpu(name="NVIDIA H200", total=140 * GIB, used=130 * GIB)
+    probe = NvmlProbe(0, nvml=nvml, processes=nvml.host)
+    started = time.monotonic()
+    held = wait_for_free_memory(probe, (), needed_bytes=128 * GIB, timeout_s=0.3, poll_s=0.05)
+    assert time.monotonic() - started >= 0.3
+    assert held == [(UNLISTED_PID, 130 * GIB, held[0][2])] and "no process NVML lists" in held[0][2]
+
+
+def test_wait_for_free_memory_judges_free_memory_as_cuda_counts_it() -> None:
+    # v2 memory: free is total - reserved - used; the need is a fraction of CUDA's total (total - reserved).
+    reserved = 698 * 2**20
+    nvml = one_gpu(total=80 * GIB, reserved=reserved, used=0)
+    probe = NvmlProbe(0, nvml=nvml, processes=nvml.host)
+    assert wait_for_free_memory(probe, (), needed_fraction=1.0, timeout_s=5) == []
+    nvml.gpus[0].used = 1  # one byte short of CUDA's total
+    assert wait_for_free_memory(probe, (), needed_fraction=1.0, timeout_s=0.05, poll_s=0.01)[0][0] == UNLISTED_PID
 
 
 def test_wait_for_free_memory_on_cpu_returns_at_once_and_checks_input() -> None:
@@ -694,8 +821,10 @@ def test_sampler_cost_is_small(spawn: Any) -> None:
     # Loose sanity bound only; the measured figure is benchmarks/sampler_cost.py's, not asserted here.
     with MemorySampler(ProcessTreeProbe(), os.getpid(), period_s=0.05) as sampler:
         time.sleep(1.0)
-    assert len(sampler.samples) >= 5
-    assert sampler.cpu_time_s < 0.5
+    # By construction, not by the machine's speed: the thread ran, and a sample costs less CPU than its period (or the
+    # sampler could not keep it). The measured cost is benchmarks/sampler_cost.py's.
+    assert len(sampler.samples) >= 2
+    assert sampler.cpu_time_s / len(sampler.samples) < 0.05
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -708,6 +837,7 @@ class ScriptedProbe:
     device = DeviceInfo("cpu", "scripted", 1 * GIB, None)
     devices = (device,)
     default_period_s = 0.05
+    attribution_notes: tuple[str, ...] = ()
 
     def __init__(self, values: list[int], fail_at: int | None = None) -> None:
         self.values, self.calls, self.fail_at = values, 0, fail_at
@@ -780,3 +910,27 @@ def test_sampler_rejects_a_non_positive_period() -> None:
 def test_process_tree_probe_rejects_an_unknown_metric() -> None:
     with pytest.raises(ValueError, match="metric 'vms'"):
         ProcessTreeProbe(DeviceInfo("cpu", "x", 1, None), metric="vms")  # type: ignore[arg-type]
+
+
+def test_the_startup_breakdown_counts_graph_memory_once_since_vllm_0_21() -> None:
+    # Issue 23 item 7. vLLM 0.32 gpu_worker.py: peak_activation_memory = transient_peak_headroom +
+    # cudagraph_memory_estimate_applied, and the summary prints it beside the captured graphs; non-KV memory is
+    # consumed + transient + graphs. Lines in vLLM's own format (gpu_worker.py / gpu_model_runner.py).
+    from pytest_vllm_mem.diagnosis.diagnose import parse_startup_memory
+
+    log = "\n".join(
+        [
+            "(Worker pid=1) INFO [gpu_model_runner.py:6143] Estimated CUDA graph memory: 0.50 GiB total",
+            "(Worker pid=1) INFO [gpu_worker.py:475] CUDA graph memory profiling is enabled (default since v0.21.0)."
+            " The current --gpu-memory-utilization=0.9200 is equivalent to --gpu-memory-utilization=0.9129 without"
+            " CUDA graph memory profiling. To maintain the same effective KV cache size as before, increase"
+            " --gpu-memory-utilization to 0.9271. To disable, set VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0.",
+            "(Worker pid=1) INFO [gpu_worker.py:1066] Free memory on device (23.13/23.55 GiB) on startup. Desired GPU"
+            " memory utilization is (0.92, 21.67 GiB). Actual usage is 14.49 GiB for consumed memory (weights +"
+            " non-torch), 1.84 GiB for peak activation, and 0.53 GiB for CUDAGraph memory.",
+        ]
+    )
+    memory = parse_startup_memory(log)
+    assert memory.non_kv_gib == round(14.49 + (1.84 - 0.50) + 0.53, 2)  # 16.36, not 16.86
+    without = parse_startup_memory(log.splitlines()[2])  # no profiling line (before 0.21, or disabled): as printed
+    assert without.non_kv_gib == round(14.49 + 1.84 + 0.53, 2)

@@ -14,7 +14,7 @@ from pytest_vllm_mem.baseline.results import TestRecord
 from pytest_vllm_mem.launch import pool as state_module
 from pytest_vllm_mem.launch.pool import ServerPool
 from pytest_vllm_mem.launch.server import LaunchSettings
-from pytest_vllm_mem.memory import detect_devices, make_probe
+from pytest_vllm_mem.memory import DeviceError, detect_devices, make_probe
 from pytest_vllm_mem.plugin.gate import tier_problem
 from pytest_vllm_mem.plugin.state import SessionState
 from pytest_vllm_mem.settings import Settings, UsageError
@@ -164,3 +164,87 @@ def test_records_without_per_gpu_figures_keep_the_total() -> None:
     record.startup["peak_memory_bytes"] = 25 * GIB
     assert record.peak_memory_per_gpu == [] and record.largest_gpu_peak_bytes == 25 * GIB
     assert tier_problem(record, tier_is_auto=False) is not None
+
+
+def test_the_free_memory_wait_runs_under_the_devices_startup_lock(
+    fake: FakeNvml, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 23 item 5: the wait ran before the lock was taken, so another startup could take the memory between
+    # the check and vLLM's own. While the wait runs, a second taker of GPU 0's lock must find it held.
+    import filelock
+
+    from pytest_vllm_mem.launch.devicelock import device_key
+
+    monkeypatch.setenv("PYTEST_VLLM_MEM_LOCK_DIR", str(tmp_path / "locks"))
+    visible = detect_devices("0", nvml=fake)
+    seen: list[bool] = []
+
+    def wait(probe: Any, *args: Any, **kwargs: Any) -> list[tuple[int, int, str]]:
+        other = filelock.FileLock(str(tmp_path / "locks" / f"{device_key(visible[0])}.lock"))
+        try:
+            other.acquire(timeout=0)
+            other.release()
+            seen.append(False)
+        except filelock.Timeout:
+            seen.append(True)
+        return []
+
+    monkeypatch.setattr(state_module, "wait_for_free_memory", wait)
+    monkeypatch.setattr(state_module, "launch", lambda *args, **kwargs: "server")
+    probe = make_probe(visible, nvml=fake)
+    pool = ServerPool(LaunchSettings(log_dir=tmp_path), probe, devices_for=lambda config: visible)
+    config = VLLMConfig("m")
+    server: object = pool.acquire(config, config, {"requested_bytes": 1})
+    assert server == "server"
+    assert seen == [True]
+    probe.close()
+
+
+def test_numeric_cuda_visible_devices_means_pci_order_on_a_mixed_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 23 item 6: an L4 on bus 0 and an H100 on bus 1. CUDA's default order is fastest first (the H100 would
+    # be CUDA 0); the plugin resolves "0" in NVML's PCI order, so it must launch servers with PCI_BUS_ID.
+    from pytest_vllm_mem.launch.server import server_env
+
+    host = FakeNvml([FakeGpu(gpu_uuid(0), name="NVIDIA L4", total=23034 * 2**20), FakeGpu(gpu_uuid(1))])
+    assert [device.name for device in detect_devices("0", nvml=host)] == ["NVIDIA L4"]
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    assert server_env(VLLMConfig("m"), LaunchSettings())["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
+    with pytest.raises(DeviceError, match="CUDA_DEVICE_ORDER=FASTEST_FIRST"):
+        detect_devices("0", nvml=host)  # the plugin cannot know CUDA's speed ranking: refused, with the fix
+    assert [d.name for d in detect_devices(gpu_uuid(0), nvml=host)] == ["NVIDIA L4"]  # UUIDs mean one GPU
+    same = FakeNvml(gpus(2))
+    assert [d.index for d in detect_devices("1", nvml=same)] == [1]  # one model: both orders agree
+
+
+def test_the_gpu_check_dry_runs_against_the_fake_nvml_and_a_fake_libcuda(tmp_path: Path) -> None:
+    # benchmarks/gpu_nvml_check.py --fake: every check of the GPU script runs (real child processes, real process
+    # trees and sampler, NVML and libcuda faked); the GPU run itself needs a GPU host.
+    import json
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_nvml_check.py"
+    out = tmp_path / "check.json"
+    run = subprocess.run(
+        [sys.executable, str(script), "--fake", "--vllm-python", "none", "--json", str(out), "--gib", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    result = json.loads(out.read_text())
+    names = [check["name"] for check in result["checks"]]
+    assert names == [
+        "totals",
+        "allocation",
+        "transient_100ms",
+        "outside_process_not_counted",
+        "wait_with_a_real_holder",
+        "batch_defaults",
+    ]
+    assert all(check["ok"] for check in result["checks"]) and result["mode"] == "fake"
+    assert {"driver", "nvml", "cuda_driver", "vllm"} <= result["versions"].keys()
+    assert result["nvml_memory"] == "v2"
+    batch = next(check for check in result["checks"] if check["name"] == "batch_defaults")["figures"]
+    assert batch["24gb"]["launched"] == [2048, 256]  # an 80 GB card's 24gb tier: a 24 GB card's defaults

@@ -1,8 +1,13 @@
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 import pytest
 
 from pytest_vllm_mem.config import VLLMConfig
+from pytest_vllm_mem.plan.batch_defaults import BatchDefaults
+from pytest_vllm_mem.plan.batch_rule import BatchRule
 from pytest_vllm_mem.tiers import (
     GIB,
     Tier,
@@ -125,3 +130,95 @@ def test_device_skip_reason() -> None:
     assert reason is not None
     assert "80gb" in reason and "NVIDIA L4" in reason and "larger than this device" in reason
     assert device_skip_reason(parse_tier("24gb"), "NVIDIA L4", 24_150_000_000) is None
+
+
+# --- issue 23 items 2 and 4: batch defaults and the user's units under emulation ---------------------------------
+
+H200_CUDA_TOTAL = (143771 - 698) * 2**20  # NVML v1 143771 MiB, less the 698 MiB the driver reserves (CUDA's total)
+B200_CUDA_TOTAL = 179 * GIB
+
+
+def pair(defaults: BatchDefaults) -> tuple[int, int]:
+    return defaults.max_num_batched_tokens, defaults.max_num_seqs
+
+
+def vllm_rule() -> BatchRule:
+    """The rule of the vLLM in .venv, read from its source: the figures the launch must match."""
+    from pathlib import Path
+
+    from pytest_vllm_mem.launch.flagcheck import vllm_package_dir
+    from pytest_vllm_mem.plan.batch_rule import rule_from_source
+
+    package = vllm_package_dir(sys.executable)
+    assert package is not None
+    rule = rule_from_source(Path(package, "engine", "arg_utils.py").read_text())
+    assert rule is not None
+    return rule
+
+
+def as_batch_rule(rule: BatchRule, device_name: str) -> Any:
+    def batch(device_bytes: int) -> tuple[int, int]:  # the card by name, a tier's card by size only (pool.py)
+        return pair(rule.defaults(device_bytes, device_name if device_bytes > 150 * GIB else ""))
+
+    return batch
+
+
+def test_installed_vllms_rule_reads_as_its_source_says() -> None:
+    # vllm 0.32 engine/arg_utils.py get_batch_defaults, OPENAI_API_SERVER entries: >= 160 GiB 16384/1024,
+    # >= 70 GiB and not "a100" 8192/1024, else 2048/256.
+    rule = vllm_rule()
+    assert pair(rule.defaults(H200_CUDA_TOTAL, "NVIDIA H200")) == (8192, 1024)
+    assert pair(rule.defaults(B200_CUDA_TOTAL, "NVIDIA B200")) == (16384, 1024)
+    assert pair(rule.defaults(80 * GIB, "NVIDIA A100-SXM4-80GB")) == (2048, 256)
+    assert pair(rule.defaults(parse_tier("24gb").bytes)) == (2048, 256)
+
+
+def test_emulating_24gb_on_an_h200_launches_a_24gb_cards_batch_defaults() -> None:
+    tier = parse_tier("24gb")
+    assert tier is not None
+    batch = as_batch_rule(vllm_rule(), "NVIDIA H200")
+    launched, emulation = emulate_tier(VLLMConfig("m"), tier, H200_CUDA_TOTAL, 0.92, batch)
+    assert emulation is not None
+    assert (launched.flag("max_num_batched_tokens"), launched.flag("max_num_seqs")) == (2048, 256)
+    assert "max_num_batched_tokens 2048, max_num_seqs 256" in emulation.describe()
+    own, _ = emulate_tier(VLLMConfig("m", max_num_seqs=64), tier, H200_CUDA_TOTAL, 0.92, batch)
+    assert (own.flag("max_num_batched_tokens"), own.flag("max_num_seqs")) == (2048, 64)  # the config's own stays
+    throughput, _ = emulate_tier(VLLMConfig("m", performance_mode="throughput"), tier, H200_CUDA_TOTAL, 0.92, batch)
+    assert throughput.flag("max_num_batched_tokens") == 4096  # vLLM doubles its defaults in throughput mode
+    # 80gb on a B200: a >= 70 GiB card's 8192/1024, not the B200's 16384.
+    big, _ = emulate_tier(
+        VLLMConfig("m"), parse_tier("80gb"), B200_CUDA_TOTAL, 0.92, as_batch_rule(vllm_rule(), "B200")
+    )
+    assert (big.flag("max_num_batched_tokens"), big.flag("max_num_seqs")) == (8192, 1024)
+
+
+def test_advice_under_emulation_is_in_the_users_units_and_names_the_tier() -> None:
+    # Issue 23 item 4: 0.92 on --vllm-gpu=24gb on an H200 was advised "gpu_memory_utilization 0.15 -> 0.13".
+    from pytest_vllm_mem.diagnosis.advice import advise
+    from pytest_vllm_mem.diagnosis.diagnose import StartupMemory
+
+    tier = parse_tier("24gb")
+    assert tier is not None
+    asked = VLLMConfig("m", gpu_memory_utilization=0.92)
+    launched, emulation = emulate_tier(asked, tier, H200_CUDA_TOTAL, 0.92)
+    assert emulation is not None and launched.flag("gpu_memory_utilization") == 0.1472
+    rungs = advise(None, launched, None, tier_bytes=tier.bytes, peak_bytes=24 * GIB, requested=asked)
+    assert rungs[0].startswith("peak 24.00 GiB exceeds the 24gb tier by 1.65 GiB: gpu_memory_utilization 0.92 -> 0.")
+    assert "launches it as 0.1472 -> " in rungs[0]
+    unset = VLLMConfig("m")
+    launched, _ = emulate_tier(unset, tier, H200_CUDA_TOTAL, 0.92)
+    memory = StartupMemory(vllm_version="0.32.0")  # vLLM 0.32's default: 0.92
+    rungs = advise(None, launched, memory, tier_bytes=tier.bytes, peak_bytes=24 * GIB, requested=unset)
+    assert "gpu_memory_utilization default 0.92 -> 0." in rungs[0]
+
+
+def test_a_24gb_card_still_runs_the_24gb_tier_when_cuda_sees_less() -> None:
+    # An L4 "24GB" reports 23034 MiB (24.15e9 bytes) through NVML v1; CUDA's total leaves out what the driver
+    # reserves (698 MiB on an H200; the L4's share is assumed here), which drops below 24e9. The tier is the label's
+    # size: compared with the card's memory (DeviceInfo.card_bytes), never skipped for the driver's share.
+    from pytest_vllm_mem.memory import DeviceInfo
+
+    l4 = DeviceInfo("cuda", "NVIDIA L4", 23034 * 2**20 - 500 * 2**20, 0, reserved_bytes=500 * 2**20)
+    tier = parse_tier("24gb")
+    assert tier is not None and l4.total_bytes < tier.bytes
+    assert device_skip_reason(tier, l4.name, l4.card_bytes) is None

@@ -81,3 +81,18 @@ def test_no_nvml_leaves_the_environment_alone() -> None:
 
     env: dict[str, str] = {}
     assert assign_worker_gpus("gw0", 1, env, FakeNvml(init_error=NVML_ERROR_LIBRARY_NOT_FOUND)) is None and env == {}
+
+
+def test_an_empty_cuda_visible_devices_means_no_gpu_not_unset() -> None:
+    # Issue 23 item 7: CUDA_VISIBLE_DEVICES="" hides every GPU (a CPU-only job on a GPU host); it was read as
+    # unset and the worker was given GPUs.
+    env = {"CUDA_VISIBLE_DEVICES": ""}
+    assert assign_worker_gpus("gw0", 1, env, FakeNvml(gpus(8))) is None
+    assert env == {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def test_workers_are_assigned_by_uuid_on_a_mixed_host_whatever_the_cuda_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
+    host = FakeNvml([FakeGpu(gpu_uuid(0), name="NVIDIA L4"), FakeGpu(gpu_uuid(1))])
+    env: dict[str, str] = {}
+    assert assign_worker_gpus("gw1", 1, env, host) == gpu_uuid(1)

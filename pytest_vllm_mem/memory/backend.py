@@ -16,29 +16,68 @@ from pytest_vllm_mem.memory.cpu import ProcessTreeProbe, cpu_device
 from pytest_vllm_mem.memory.device import DeviceError, DeviceInfo, MemoryProbe
 from pytest_vllm_mem.memory.gpu import NvmlProbe
 from pytest_vllm_mem.memory.nvml import NvmlUnavailable, nvml_session
+from pytest_vllm_mem.memory.process_tree import ProcessTable
 
-__all__ = ["detect_device", "detect_devices", "gpus_used", "make_probe", "server_devices", "wait_for_free_memory"]
+__all__ = [
+    "UNLISTED_PID",
+    "detect_device",
+    "detect_devices",
+    "gpus_used",
+    "make_probe",
+    "server_devices",
+    "wait_for_free_memory",
+]
 
 _UNSET = object()
+# wait_for_free_memory's holder entry for memory no process NVML lists accounts for.
+UNLISTED_PID = 0
+UNLISTED_NAME = "no process NVML lists: another container, a MIG sibling or the driver"
 
 
-def detect_devices(visible: str | object | None = _UNSET, nvml: Any | None = None) -> tuple[DeviceInfo, ...]:
+def detect_devices(
+    visible: str | object | None = _UNSET, nvml: Any | None = None, order: str | object | None = _UNSET
+) -> tuple[DeviceInfo, ...]:
     """The GPUs a process with CUDA_VISIBLE_DEVICES=`visible` gets (default: this process's), in CUDA's order.
 
-    Resolved as vLLM resolves them (indexes, GPU-/MIG- UUIDs and unique prefixes; see Nvml.resolve). No NVML (no
+    Resolved as vLLM resolves them (indexes, GPU-/MIG- UUIDs and unique prefixes; see Nvml.resolve), indexes in
+    NVML's PCI bus order: the plugin launches servers with CUDA_DEVICE_ORDER=PCI_BUS_ID (launch.server.server_env)
+    so that CUDA numbers them alike. `order` (default: this process's CUDA_DEVICE_ORDER) set to FASTEST_FIRST on
+    a host with GPUs of more than one model, with indexes or nothing in `visible`, is refused (DeviceError): CUDA's
+    speed ranking is not NVML's, and the plugin would measure other GPUs than the server uses. No NVML (no
     nvidia-ml-py, no driver) or no GPU visible means the CPU backend: one CPU device. Raises DeviceError for an
     entry that names no GPU, NvmlError when NVML initialized but a query failed.
     """
     env = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is _UNSET else visible
     assert env is None or isinstance(env, str)
+    device_order = os.environ.get("CUDA_DEVICE_ORDER") if order is _UNSET else order
+    assert device_order is None or isinstance(device_order, str)
     try:
         with nvml_session(nvml) as session:
             if session.count() < 1:
                 return (cpu_device(),)
+            if (device_order or "").strip().upper() == "FASTEST_FIRST" and _by_index(env):
+                _refuse_fastest_first(session, env)
             devices = tuple(device.info for device in session.resolve(env))
     except NvmlUnavailable:
         return (cpu_device(),)
     return devices or (cpu_device(),)
+
+
+def _by_index(visible: str | None) -> bool:
+    """CUDA's numbering decides which GPUs `visible` means: it is unset or has a numeric entry."""
+    return visible is None or any(part.strip().isdigit() for part in visible.split(","))
+
+
+def _refuse_fastest_first(session: Any, visible: str | None) -> None:
+    names = {session.name(session.handle_by_index(index), f"GPU {index}") for index in range(session.count())}
+    if len(names) > 1:
+        raise DeviceError(
+            f"CUDA_DEVICE_ORDER=FASTEST_FIRST with CUDA_VISIBLE_DEVICES={visible!r} on a host with GPUs of "
+            f"{len(names)} models ({', '.join(sorted(names))}): CUDA then numbers the GPUs by its own speed ranking, "
+            "which NVML does not report, so the plugin cannot know which GPUs a server uses. Unset "
+            "CUDA_DEVICE_ORDER (the plugin starts servers with PCI_BUS_ID, the order `nvidia-smi` shows), set it "
+            "to PCI_BUS_ID, or name the GPUs by UUID (`nvidia-smi -L`)."
+        )
 
 
 def detect_device(device_index: int = 0, nvml: Any | None = None) -> DeviceInfo:
@@ -55,12 +94,15 @@ def detect_device(device_index: int = 0, nvml: Any | None = None) -> DeviceInfo:
         return cpu_device()
 
 
-def make_probe(device: DeviceInfo | Sequence[DeviceInfo], nvml: Any | None = None) -> MemoryProbe:
-    """The probe for `device` (or several): NvmlProbe for "cuda", ProcessTreeProbe for "cpu"."""
+def make_probe(
+    device: DeviceInfo | Sequence[DeviceInfo], nvml: Any | None = None, processes: ProcessTable | None = None
+) -> MemoryProbe:
+    """The probe for `device` (or several): NvmlProbe for "cuda", ProcessTreeProbe for "cpu". `processes`: what
+    ties a GPU process to a server (ProcessTable over /proc by default; tests pass a fake host)."""
     devices = [device] if isinstance(device, DeviceInfo) else list(device)
     backends = {each.backend for each in devices}
     if backends == {"cuda"}:
-        return NvmlProbe(devices, nvml=nvml)
+        return NvmlProbe(devices, nvml=nvml, processes=processes)
     if backends == {"cpu"} and len(devices) == 1:
         return ProcessTreeProbe(devices[0])
     raise ValueError(
@@ -102,10 +144,7 @@ def server_devices(visible: Sequence[DeviceInfo], flags: Mapping[str, object]) -
 
 
 def _free_per_device(probe: MemoryProbe) -> tuple[int, ...]:
-    free = getattr(probe, "free_bytes", None)
-    if free is not None:
-        return tuple(free())
-    return (probe.device.total_bytes - probe.device_used_bytes(),)  # a probe of one device without free_bytes()
+    return tuple(probe.free_bytes())
 
 
 def wait_for_free_memory(
@@ -117,12 +156,16 @@ def wait_for_free_memory(
     timeout_s: float,
     poll_s: float = 0.5,
 ) -> list[tuple[int, int, str]]:
-    """Before starting a server, wait until other processes stop holding its devices; return who still holds them.
+    """Before starting a server, wait until its devices have the free memory vLLM will demand; return who holds them.
 
-    Clear (returns []) once no other process holds memory on any of the probe's devices, or once every device has
-    at least the needed free memory: `needed_bytes`, or `ceil(total * needed_fraction)` of each device (pass the
-    server's gpu_memory_utilization: vLLM demands that much free memory on every GPU at startup). Otherwise polls
-    every `poll_s` until `timeout_s` and returns the remaining (pid, bytes, name) holders. An earlier server still
+    With a need (`needed_bytes`, or `ceil(total * needed_fraction)` of each device: pass the server's
+    gpu_memory_utilization, vLLM demands that much free memory on every GPU at startup), the devices are clear
+    (returns []) once every one has that much free, as NVML counts it (v2: the driver's reserved memory apart, so
+    total and free are the figures CUDA gives vLLM). Without one, once no other process holds memory on them.
+    Otherwise polls every `poll_s` until `timeout_s` and returns the remaining (pid, bytes, name) holders; when too
+    little is free and NVML lists nobody (another container's processes, a MIG sibling, a driver leak), one entry
+    with pid UNLISTED_PID and the memory no listed process accounts for. Run it under the device's startup lock,
+    right before the launch: another startup can take the memory in between otherwise. An earlier server still
     exiting is the usual holder ("pseudo OOM"). On CPU it returns [] at once: vLLM checks host memory itself and
     nothing holds it exclusively.
     """
@@ -138,7 +181,7 @@ def wait_for_free_memory(
         )
     if probe.device.backend == "cpu":
         return []
-    devices = getattr(probe, "devices", (probe.device,))
+    devices = probe.devices
     if needed_fraction is not None:
         needed: list[int] | None = [math.ceil(device.total_bytes * needed_fraction) for device in devices]
     else:
@@ -146,10 +189,16 @@ def wait_for_free_memory(
     deadline = time.monotonic() + timeout_s
     while True:
         holders = probe.other_holders(exclude_pids)
-        if not holders:
-            return []
-        if needed is not None and all(free >= need for free, need in zip(_free_per_device(probe), needed)):
-            return []
+        if needed is None:
+            if not holders:
+                return []
+        else:
+            free = _free_per_device(probe)
+            if all(have >= need for have, need in zip(free, needed)):
+                return []
         if time.monotonic() >= deadline:
-            return holders
+            if holders or needed is None:
+                return holders
+            unlisted = max(device.total_bytes - have for device, have in zip(devices, free))
+            return [(UNLISTED_PID, unlisted, UNLISTED_NAME)]
         time.sleep(max(0.0, min(poll_s, deadline - time.monotonic())))

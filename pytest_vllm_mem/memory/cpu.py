@@ -190,6 +190,7 @@ class ProcessTreeProbe:
         self.tracks_peaks = metric == "rss" and sys.platform.startswith("linux")
         self._peaks: dict[int, _PeakRss] = {}
         self._processes: dict[int, psutil.Process] = {}  # cached: psutil.Process() costs a /proc read to create
+        self.attribution_notes: tuple[str, ...] = ()  # the tree's own pages only: nothing is attributed by guess
 
     @property
     def default_period_s(self) -> float:

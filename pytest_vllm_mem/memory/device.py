@@ -15,10 +15,18 @@ class DeviceInfo:
 
     backend: str  # "cuda" or "cpu"
     name: str  # NVML device name (a MIG slice's includes its profile, e.g. "... MIG 1g.10gb"), or the CPU model
-    total_bytes: int  # GPU: NVML total memory (a MIG slice: the slice's); CPU: the NUMA node total vLLM sizes from
+    total_bytes: int  # GPU: CUDA's total (NVML v2 total - reserved; a MIG slice: the slice's); CPU: the NUMA node total
     index: int | None  # NVML (physical, PCI-order) GPU index; for a MIG slice its parent's; None on CPU
     uuid: str | None = None  # "GPU-..." or "MIG-...", as CUDA_VISIBLE_DEVICES may name it; None on CPU
     mig_index: int | None = None  # a MIG slice's position on its parent (nvmlDeviceGetMigDeviceHandleByIndex)
+    # Memory the driver keeps for itself, outside total_bytes (NVML v2 `reserved`; 0 where only v1 is known).
+    reserved_bytes: int = 0
+
+    @property
+    def card_bytes(self) -> int:
+        """The card's memory as NVML's v1 total and its label count it (reserved memory included): what a tier such
+        as 24gb is compared with. total_bytes, what CUDA and vLLM size from, is this less the reserved memory."""
+        return self.total_bytes + self.reserved_bytes
 
     @property
     def label(self) -> str:
@@ -79,6 +87,12 @@ class MemoryProbe(Protocol):
     @property
     def default_period_s(self) -> float:
         """Sampling period that suits this probe (MemorySampler's default)."""
+        ...
+
+    @property
+    def attribution_notes(self) -> Sequence[str]:
+        """Once each, why some readings may count memory that is not the server's (a device delta, processes /proc
+        cannot see) or leave some out; empty when every byte was tied to the server's processes."""
         ...
 
     def close(self) -> None: ...

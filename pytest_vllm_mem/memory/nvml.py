@@ -18,6 +18,7 @@ from pytest_vllm_mem.memory.device import DeviceError, DeviceInfo
 __all__ = ["Nvml", "NvmlError", "NvmlUnavailable", "ResolvedDevice", "device_count", "nvml_session"]
 
 # NVML's return codes (nvml.h); stable across driver versions.
+INVALID_ARGUMENT = 2
 NOT_SUPPORTED = 3
 NO_PERMISSION = 4
 NOT_FOUND = 6
@@ -91,6 +92,8 @@ class Nvml:
         self._error_type: type[BaseException] = getattr(module, "NVMLError", Exception)
         self._closed = False
         self._versioned: dict[str, str] = {}  # unversioned getter -> the _v2 one, once the driver refused it
+        self._memory_v2: bool | None = None  # None: not tried yet
+        self._unsupported: set[str] = set()  # process lists this driver cannot give (MPS on old drivers)
 
     def close(self) -> None:
         if not self._closed:
@@ -124,9 +127,40 @@ class Nvml:
         return self.call("open a handle", f"GPU {index}", self.module.nvmlDeviceGetHandleByIndex, index)
 
     def memory(self, handle: Any, label: str) -> tuple[int, int, int]:
-        """(total, used, free) bytes of a GPU or a MIG slice."""
+        """(total, used, free) bytes of a GPU or a MIG slice, as CUDA counts them (see memory_with_reserved)."""
+        total, used, free, _reserved = self.memory_with_reserved(handle, label)
+        return total, used, free
+
+    def memory_with_reserved(self, handle: Any, label: str) -> tuple[int, int, int, int]:
+        """(total, used, free, reserved) bytes of a GPU or a MIG slice, the first three as CUDA counts them.
+
+        NVML's v1 figures count the memory the driver reserves for itself as used and in the total (about 698 MiB
+        on an H200); CUDA's cuMemGetInfo, from which vLLM sizes everything, leaves it out. The v2 call
+        (nvmlDeviceGetMemoryInfo_v2, drivers >= 510) reports it apart as `reserved`: total - reserved is CUDA's
+        total, and its `used` excludes it. Drivers or boards without v2 give the v1 figures.
+        """
+        if self._memory_v2 is not False:
+            version = getattr(self.module, "nvmlMemory_v2", None)
+            try:
+                if version is None:
+                    raise TypeError("nvidia-ml-py has no nvmlMemory_v2")
+                info = self.module.nvmlDeviceGetMemoryInfo(handle, version=version)
+                reserved = int(info.reserved)
+                self._memory_v2 = True
+                return int(info.total) - reserved, int(info.used), int(info.free), reserved
+            except self._error_type as error:
+                if _code(error) not in (NOT_SUPPORTED, FUNCTION_NOT_FOUND, INVALID_ARGUMENT):
+                    raise self._error("read the memory", label, error) from None
+                self._memory_v2 = False
+            except (TypeError, AttributeError):
+                self._memory_v2 = False  # an nvidia-ml-py older than the version argument
         info = self.call("read the memory", label, self.module.nvmlDeviceGetMemoryInfo, handle)
-        return int(info.total), int(info.used), int(info.free)
+        return int(info.total), int(info.used), int(info.free), 0
+
+    @property
+    def memory_version(self) -> str:
+        """ "v2" when the driver reports reserved memory apart (the totals are CUDA's), "v1" otherwise."""
+        return "v2" if self._memory_v2 else "v1"
 
     def name(self, handle: Any, label: str) -> str:
         return _text(self.call("read the name", label, self.module.nvmlDeviceGetName, handle))
@@ -148,16 +182,23 @@ class Nvml:
         """pid -> usedGpuMemory (None = the driver cannot tell) of every process with a context on the device.
 
         Compute and graphics contexts both hold memory; a process with both is listed twice with the same memory.
-        A graphics list the board does not support is empty; any other failure raises NvmlError: the caller must
-        not read "no process" into it (that was a false 0 sample).
+        Clients of an MPS server are in a third list (nvmlDeviceGetMPSComputeRunningProcesses): the compute list
+        then shows the MPS server itself. A graphics or MPS list the board, driver or nvidia-ml-py does not have is
+        empty; any other failure raises NvmlError: the caller must not read "no process" into it (that was a false
+        0 sample).
         """
         found: dict[int, int | None] = {}
-        for kind in ("Compute", "Graphics"):
+        for kind in ("Compute", "Graphics", "MPSCompute"):
+            if kind == "MPSCompute" and kind in self._unsupported:
+                continue
             try:
                 processes = self._process_list(f"nvmlDeviceGet{kind}RunningProcesses", handle, label)
             except NvmlError as error:
                 if kind == "Graphics" and error.code == NOT_SUPPORTED:
                     continue  # compute-only boards (most data-center GPUs)
+                if kind == "MPSCompute" and error.code in (NOT_SUPPORTED, FUNCTION_NOT_FOUND, None):
+                    self._unsupported.add(kind)  # no MPS on this driver or nvidia-ml-py: asked once
+                    continue
                 raise
             for process in processes:
                 pid, used = int(process.pid), process.usedGpuMemory
@@ -167,7 +208,8 @@ class Nvml:
         return found
 
     def _process_list(self, getter: str, handle: Any, label: str) -> list[Any]:
-        what = f"list the {'compute' if 'Compute' in getter else 'graphics'} processes"
+        kind = "MPS client" if "MPS" in getter else "compute" if "Compute" in getter else "graphics"
+        what = f"list the {kind} processes"
         name = self._versioned.get(getter, getter)
         races = 0
         while True:
@@ -221,8 +263,8 @@ class Nvml:
 
     def describe_device(self, handle: Any, index: int, mig_index: int | None = None) -> DeviceInfo:
         label = f"GPU {index}" + (f" MIG {mig_index}" if mig_index is not None else "")
-        total, _used, _free = self.memory(handle, label)
-        return DeviceInfo("cuda", self.name(handle, label), total, index, self.uuid(handle), mig_index)
+        total, _used, _free, reserved = self.memory_with_reserved(handle, label)
+        return DeviceInfo("cuda", self.name(handle, label), total, index, self.uuid(handle), mig_index, reserved)
 
     def device_by_index(self, index: int) -> ResolvedDevice:
         count = self.count()

@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
+from typing import Protocol
 
 import psutil
 
-__all__ = ["cpu_seconds_between", "process_name", "process_tree", "tree_cpu_times"]
+__all__ = ["ProcFs", "ProcessTable", "cpu_seconds_between", "process_name", "process_tree", "tree_cpu_times"]
 
 
 def process_tree(root_pid: int) -> set[int]:
@@ -91,3 +92,46 @@ def cpu_seconds_between(before: Mapping[int, float], after: Mapping[int, float])
     if not before or not after or not before.keys() <= after.keys():
         return None
     return sum(after[pid] - before.get(pid, 0.0) for pid in after)
+
+
+class ProcessTable(Protocol):
+    """What the host says about processes that are not in a server's tree: their session and parent.
+
+    A process a server started keeps the server's session id even when it is re-parented (vLLM servers start in
+    their own session; Ray's raylet and workers only change their process group). None means the pid cannot be
+    seen: it lives in another PID namespace (NVML may report host pids inside a container), or it has exited.
+    ProcFs reads /proc; tests pass a table of their own (tests/fake_nvml.FakeHost).
+    """
+
+    def session_of(self, pid: int) -> int | None: ...
+    def parent_of(self, pid: int) -> int | None: ...
+    def name_of(self, pid: int) -> str: ...
+    def own_session(self) -> int | None: ...
+
+
+class ProcFs:
+    """ProcessTable over this host's /proc (and os.getsid)."""
+
+    def session_of(self, pid: int) -> int | None:
+        try:
+            return os.getsid(pid)
+        except (ProcessLookupError, PermissionError, OSError):
+            return None
+
+    def parent_of(self, pid: int) -> int | None:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat:
+                text = stat.read(1024)
+            return int(text[text.rindex(b")") + 2 :].split(b" ", 2)[1])
+        except (OSError, ValueError, IndexError):
+            try:
+                return int(psutil.Process(pid).ppid())
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                return None
+
+    def name_of(self, pid: int) -> str:
+        return process_name(pid)
+
+    def own_session(self) -> int | None:
+        """The session of this process (pytest and its xdist workers): never a tie to a server."""
+        return self.session_of(os.getpid())

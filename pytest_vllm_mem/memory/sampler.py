@@ -17,8 +17,7 @@ __all__ = ["MemorySampler"]
 
 
 def _read(probe: MemoryProbe, pids: Collection[int]) -> tuple[int, ...]:
-    read = getattr(probe, "read", None)  # a probe of one device may offer used_bytes() only
-    return tuple(read(pids)) if read is not None else (probe.used_bytes(pids),)
+    return tuple(probe.read(pids))
 
 
 class MemorySampler:
@@ -51,7 +50,7 @@ class MemorySampler:
         close_probe: bool = False,
     ) -> None:
         if period_s is None:
-            period_s = float(getattr(probe, "default_period_s", 0.05))
+            period_s = float(probe.default_period_s)
         if not period_s > 0:
             raise ValueError(f"MemorySampler period_s {period_s!r} must be a positive number of seconds, e.g. 0.05.")
         self.probe = probe
@@ -59,7 +58,9 @@ class MemorySampler:
         self.period_s = period_s
         self.tree_refresh_s = tree_refresh_s
         self.max_tree_refresh_s = max(tree_refresh_s, max_tree_refresh_s)
-        self.devices = tuple(getattr(probe, "devices", (probe.device,)))
+        self.devices = tuple(probe.devices)
+        # A probe shared by several servers keeps its notes: only those from this sampler's time are its server's.
+        self._notes_from = len(probe.attribution_notes)
         self._close_probe = close_probe
         self._refresh_after = tree_refresh_s
         self._times = array("d")
@@ -199,6 +200,12 @@ class MemorySampler:
     def device_peaks(self) -> tuple[int, ...]:
         with self._lock:
             return tuple(max(column, default=0) for column in self._per_device)
+
+    def attribution_note(self) -> str | None:
+        """One line for the report and the record when the readings may not be the server's alone (a device delta,
+        processes /proc cannot see) or may leave some of it out (a Ray worker nothing ties to the server)."""
+        notes = list(self.probe.attribution_notes)[self._notes_from :]
+        return "; ".join(notes) if notes else None
 
     def missed_note(self) -> str | None:
         """One line for the report when readings failed: how many, of how many, and the first reason."""

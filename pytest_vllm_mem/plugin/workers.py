@@ -32,7 +32,8 @@ def visible_gpus(nvml: Any | None = None) -> list[DeviceInfo]:
     """The GPUs and MIG slices to share out, in CUDA's order; [] on the CPU backend or when NVML cannot read them
     (the session's own probe then says why)."""
     try:
-        return [device for device in detect_devices(None, nvml) if device.backend == "cuda"]
+        # Handed out by UUID, which means one GPU in either CUDA order; servers run with PCI_BUS_ID anyway.
+        return [device for device in detect_devices(None, nvml, "PCI_BUS_ID") if device.backend == "cuda"]
     except NvmlError:
         return []
 
@@ -55,8 +56,9 @@ def assign_worker_gpus(
     worker_id: str, per_worker: int, environ: MutableMapping[str, str] = os.environ, nvml: Any | None = None
 ) -> str | None:
     """Set CUDA_VISIBLE_DEVICES for this worker (inherited by its servers); None when there is nothing to assign
-    (the user set it already, or no GPU: CPU servers share the host and pick their own ports)."""
-    if environ.get("CUDA_VISIBLE_DEVICES"):
+    (the user set it already, to GPUs or to "" for none, or no GPU: CPU servers share the host and pick their own
+    ports)."""
+    if "CUDA_VISIBLE_DEVICES" in environ:  # "" hides every GPU: the user's choice, not an unset variable
         return None
     devices = visible_gpus(nvml)
     if not devices:
