@@ -461,5 +461,217 @@ def evaluate_and_print(data: dict[str, Any]) -> dict[str, Any]:
     return figures
 
 
+# ---- issue 25's targets: suite-level control and confirmation, on every saved collection at once ---------------
+
+SUITE_TESTS = 20
+SUITE_RUNS = 20
+
+
+@dataclass(frozen=True)
+class Case:
+    """One replayed test of a suite: its baseline entry (with whatever history it had), this run's loads, the loads a
+    confirmation on the same server would add (the session's next loads, as the plugin's remeasure runs them), the
+    first load of another later session (a confirmation on a fresh start), and the pooled session spreads of the
+    other sessions (what the baseline file's other tests show of this runner)."""
+
+    entry: Any
+    now_session: dict[str, Any]
+    now_loads: list[dict[str, Any]]
+    spare_loads: list[dict[str, Any]]
+    fresh: tuple[dict[str, Any], dict[str, Any]] | None
+    pooled: dict[str, Any]
+
+
+def _entry(sessions: list[tuple[dict[str, Any], list[dict[str, Any]]]]) -> Any:
+    """The baseline entry that recording these (session, loads), oldest first, with --vllm-update-baseline leaves."""
+    from pytest_vllm_mem.baseline.metrics import METRICS
+    from pytest_vllm_mem.baseline.noise import is_noisy
+    from pytest_vllm_mem.baseline.store import BaselineEntry, EnvKey
+
+    noisy = {name for name, metric in METRICS.items() if is_noisy(metric)}
+    entry = None
+    for session, loads in sessions:
+        fresh = BaselineEntry.from_samples(
+            "gate_noise", EnvKey("auto", "cpu", "0.32.0"), _samples(session, loads), config=session["launched"]
+        )
+        entry = fresh.continuing(entry, metrics=noisy)
+    return entry
+
+
+def _pooled(sames: list[list[dict[str, Any]]], leave_out: dict[str, Any], repeat: int) -> dict[str, Any]:
+    """Per metric, the pooled spread of the session medians of every collection (one window each) without the
+    session judged: a stand-in for the windows of a suite's other tests on this runner (each collection 7 degrees
+    of freedom; a real 20-test suite with 5 earlier sessions each has 100)."""
+    from pytest_vllm_mem.baseline.noise import NOISY_GATED, pooled_prior
+
+    priors = {}
+    for name in NOISY_GATED:
+        windows = [
+            [_median(_samples(s, r)[name]) for s in same if s is not leave_out and (r := _run(s, repeat)) is not None]
+            for same in sames
+        ]
+        prior = pooled_prior(windows)
+        if prior is not None:
+            priors[name] = prior
+    return priors
+
+
+def cases(sames: list[list[dict[str, Any]]], repeat: int, history: bool) -> list[Case]:
+    """Every (baseline, later run) pair of same-config sessions of each collection. history=False: the baseline
+    recorded once from one session (a new user's first record); True: refreshed over the sessions before it (up to
+    KEEP_HISTORY, at least MIN_EARLIER), as the replay above."""
+    out = []
+    for same in sames:
+        for i, base in enumerate(same):
+            base_loads = _run(base, repeat)
+            if base_loads is None:
+                continue
+            earlier = [(s, r) for s in same[max(0, i - KEEP_HISTORY) : i] if (r := _run(s, repeat)) is not None]
+            if history and len(earlier) < MIN_EARLIER:
+                continue
+            entry = _entry([*(earlier if history else []), (base, base_loads)])
+            for j in range(i + 1, len(same)):
+                later = same[j]
+                loads = [load for load in later["loads"] if load.get("completed")]
+                if len(loads) < repeat:
+                    continue
+                others = [s for s in same[i + 1 :] if s is not later]
+                after = [s for s in others if same.index(s) > j] or others
+                fresh = (after[0], after[0]["loads"][0]) if after else None
+                out.append(Case(entry, later, loads[:repeat], loads[repeat:], fresh, _pooled(sames, later, repeat)))
+    return out
+
+
+def verdict(
+    case: Case,
+    families: int,
+    *,
+    confirm: bool,
+    change: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    alpha: float | None = None,
+    pooled: bool = False,
+    fresh_start: bool = False,
+) -> tuple[list[Any], int]:
+    """(failing comparisons, confirmation loads run) for one test of a suite of `families` tests, through the
+    plugin's own pieces: the judge at the suite's share (Gate.plan), compare, gate_failures and the confirmation rule
+    of Gate.evaluate (every failure near its limit: one more load on the same server, decided on all runs).
+    `fresh_start`: a variant the plugin does not run: still failing near its limit, one load on a fresh start (another
+    later session's first load), decided on all runs of the two servers. `pooled`: the judge has the pooled spreads
+    of the suite's other tests (Gate._pool_priors)."""
+    from pytest_vllm_mem.baseline.compare import compare, gate_failures
+    from pytest_vllm_mem.baseline.metrics import resolve_tolerances
+    from pytest_vllm_mem.baseline.noise import DEFAULT_ALPHA, NoiseJudge, SuiteLevel
+
+    level = SuiteLevel(DEFAULT_ALPHA if alpha is None else alpha, families=families)
+    judge = NoiseJudge(alpha=level.per_comparison, priors=case.pooled if pooled else {})
+    tolerances = resolve_tolerances({}, {}, {})
+    touch = change or (lambda load: load)
+    loads = [touch(load) for load in case.now_loads]
+
+    def failing(sessions: int = 1) -> list[Any]:
+        samples = _samples(case.now_session, loads)
+        return gate_failures(compare(case.entry, samples, tolerances, judge=judge, now_sessions=sessions), False)
+
+    failures, ran = failing(), 0
+    if failures and confirm and case.spare_loads and all(c.confirmable for c in failures):
+        loads.append(touch(case.spare_loads[0]))
+        failures, ran = failing(), 1
+        if fresh_start and failures and case.fresh is not None and all(c.confirmable for c in failures):
+            loads.append(touch(case.fresh[1]))
+            failures, ran = failing(sessions=2), 2
+    return failures, ran
+
+
+def targets(collections: list[dict[str, Any]], seed: int = 25) -> dict[str, Any]:
+    """Issue 25's three targets over the saved collections (each file its own runner history; cases never mix
+    files): record-then-rerun with the defaults; healthy 20-test suites; a 30% throughput regression in one test of
+    a 20-test suite, with confirmation on."""
+    import random
+
+    rng = random.Random(seed)
+    out: dict[str, Any] = {}
+    sames = [[s for s in data["sessions"] if s["name"].startswith(SAME)] for data in collections]
+    for repeat, history in ((1, False), (1, True), (3, True)):
+        pool = cases(sames, repeat, history)
+        if not pool:
+            continue
+        key = f"repeat={repeat}, {'history' if history else 'baseline recorded once'}"
+        row: dict[str, Any] = {"cases": len(pool)}
+        for confirm in (False, True):
+            tag = "confirm" if confirm else "no confirm"
+            one = [verdict(c, 1, confirm=confirm) for c in pool]
+            row[f"one-test suite, {tag}: failed"] = sum(bool(f) for f, _ in one)
+            row[f"one-test suite, {tag}: confirmation loads"] = sum(ran for _, ran in one)
+            suite = [verdict(c, SUITE_TESTS, confirm=confirm, pooled=True) for c in pool]
+            failed_tests = [bool(f) for f, _ in suite]
+            p = sum(failed_tests) / len(failed_tests)
+            runs = [any(rng.choice(failed_tests) for _ in range(SUITE_TESTS)) for _ in range(SUITE_RUNS)]
+            row[f"{SUITE_TESTS}-test suite, {tag}: tests failed"] = sum(failed_tests)
+            row[f"{SUITE_TESTS}-test suite, {tag}: confirmation loads"] = sum(ran for _, ran in suite)
+            row[f"{SUITE_TESTS}-test suite, {tag}: runs failed of {SUITE_RUNS} (resampled)"] = sum(runs)
+            row[f"{SUITE_TESTS}-test suite, {tag}: P(run fails) = 1-(1-p)^{SUITE_TESTS}"] = 1 - (1 - p) ** SUITE_TESTS
+            for more_work in (True, False):
+                results = [
+                    verdict(
+                        case,
+                        SUITE_TESTS,
+                        confirm=confirm,
+                        pooled=True,
+                        change=lambda load, mw=more_work: slower(load, 0.30, mw),  # type: ignore[misc]
+                    )
+                    for case in pool
+                ]
+                kind = "more work" if more_work else "more waiting"
+                row[f"{SUITE_TESTS}-test suite, {tag}: -30% {kind} caught"] = sum(
+                    any(c.metric in NOISY for c in f) for f, _ in results
+                )
+                row[f"{SUITE_TESTS}-test suite, {tag}: -30% {kind} confirmation loads"] = sum(r for _, r in results)
+        # What the suite-level gate catches: injected slowdowns of one test of a 20-test suite, confirmation on
+        # (and the fresh-start variant), so the smallest change caught 19 times in 20 can be read off.
+        for drop in (0.30, 0.40, 0.50, 0.60):
+            for fresh_start in (False, True):
+                caught = sum(
+                    any(
+                        c.metric in NOISY
+                        for c in verdict(
+                            case,
+                            SUITE_TESTS,
+                            confirm=True,
+                            pooled=True,
+                            fresh_start=fresh_start,
+                            change=lambda load, d=drop: slower(load, d, True),  # type: ignore[misc]
+                        )[0]
+                    )
+                    for case in pool
+                )
+                variant = ", fresh-start variant" if fresh_start else ""
+                row[f"{SUITE_TESTS}-test suite, confirm{variant}: -{drop:.0%} more work caught"] = caught
+        row["healthy runs of a one-test suite that fail at a suite alpha of 0.05, confirm"] = sum(
+            bool(verdict(c, 1, confirm=True, alpha=0.05)[0]) for c in pool
+        )
+        out[key] = row
+    return out
+
+
+def print_targets(figures: dict[str, Any]) -> None:
+    print("\nissue 25 targets (suite-level control, confirmation); cases = (baseline, later run) pairs")
+    for key, row in figures.items():
+        print(f"  {key}: {row['cases']} cases")
+        for name, value in row.items():
+            if name != "cases":
+                print(f"    {name}: {value:.3f}" if isinstance(value, float) else f"    {name}: {value}")
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 1 and sys.argv[1] == "--targets":
+        # python benchmarks/gate_noise.py --targets [--json OUT] benchmarks/data/gate_noise_ci_*.json
+        names = sys.argv[2:]
+        out_path = None
+        if names[:1] == ["--json"]:
+            out_path, names = Path(names[1]), names[2:]
+        found = targets([json.loads(Path(name).read_text()) for name in names])
+        print_targets(found)
+        if out_path is not None:
+            _write_json(out_path, {"collections": names, "targets": found})
+    else:
+        main()

@@ -20,6 +20,8 @@ from pytest_vllm_mem.baseline.store import BaselineEntry, EnvKey
 
 GIB = 2**30
 DEVICE = "Intel(R) Xeon(R) Processor"
+# The token line is report-only by default (derived by vLLM); these tests gate it as a user can.
+TOKENS_GATED = {"kv_cache_tokens": Tolerance(relative=0.05, unit="tokens")}
 
 
 def entry(version: str, tier: str = "24gb", device: str = DEVICE, **metrics: float) -> BaselineEntry:
@@ -130,7 +132,7 @@ def test_an_untiered_run_on_more_node_memory_is_compared_with_the_replanned_base
     base = untiered(8.8, 0.88, 0.04, 20_000, 1.0)
     # The same config on a 14 GiB node: 1.40 GiB requested, the same 0.84 GiB non-KV, 0.56 GiB KV.
     same = now_samples(14.0, 1.40, 0.56, 280_000, 1.52)
-    by_name = {c.metric: c for c in compare(base, same, {})}
+    by_name = {c.metric: c for c in compare(base, same, TOKENS_GATED)}
     assert by_name["kv_cache_tokens"].status == "ok"
     assert by_name["kv_cache_tokens"].baseline == pytest.approx(280_000)
     assert by_name["kv_cache_tokens"].recorded == 20_000
@@ -141,7 +143,7 @@ def test_an_untiered_run_on_more_node_memory_is_compared_with_the_replanned_base
     assert "(re-planned from 20,000 tokens)" in by_name["kv_cache_tokens"].message()
     # Compared as recorded, the same healthy run "improves" by 1,300%; on a smaller node it would regress.
     base.env = EnvKey("8gb", DEVICE, "0.32.0")  # a tiered entry is never re-planned
-    by_name = {c.metric: c for c in compare(base, same, {})}
+    by_name = {c.metric: c for c in compare(base, same, TOKENS_GATED)}
     assert by_name["kv_cache_tokens"].status == "improved" and by_name["kv_cache_tokens"].change_pct == 1300.0
 
 
@@ -149,9 +151,9 @@ def test_a_real_kv_regression_on_another_node_size_still_fails() -> None:
     base = untiered(14.0, 1.40, 0.56, 280_000, 1.52)
     # 10.46 GiB node; the non-KV usage grew from 0.84 to 0.94 GiB (a heavier release): KV 0.11 instead of 0.21 GiB.
     now = now_samples(10.46, 1.046, 0.106, 53_000, 1.17)  # the peak holds the same total: not a regression
-    failures = gate_failures(compare(base, now, {}), strict=False)
-    assert [c.metric for c in failures] == ["kv_cache_tokens"]
-    assert failures[0].baseline == pytest.approx(280_000 * (0.56 - 0.354) / 0.56)
+    failures = gate_failures(compare(base, now, TOKENS_GATED), strict=False)
+    assert [c.metric for c in failures] == ["kv_cache_memory", "kv_cache_tokens"]
+    assert failures[1].baseline == pytest.approx(280_000 * (0.56 - 0.354) / 0.56)
 
 
 def test_no_replan_on_a_tiered_run_or_when_vllm_did_not_size_the_kv_cache_from_the_node() -> None:
@@ -167,7 +169,7 @@ def test_no_replan_on_a_tiered_run_or_when_vllm_did_not_size_the_kv_cache_from_t
 def test_kv_tokens_cannot_be_replanned_without_the_kv_memory() -> None:
     base = untiered(8.8, 0.88, 0.04, 20_000, 1.0)
     del base.metrics["kv_cache_memory"]
-    by_name = {c.metric: c for c in compare(base, now_samples(14.0, 1.40, 0.56, 280_000, 1.52), {})}
+    by_name = {c.metric: c for c in compare(base, now_samples(14.0, 1.40, 0.56, 280_000, 1.52), TOKENS_GATED)}
     assert by_name["kv_cache_tokens"].status == "skipped"
     assert "not compared" in by_name["kv_cache_tokens"].message()
     assert by_name["startup_peak_memory"].status == "ok"  # bytes move by the KV budget alone
@@ -210,7 +212,9 @@ def test_the_entrys_history_reaches_the_judge_and_the_record() -> None:
 
 def test_the_noise_judge_names_the_earlier_sessions_in_the_message() -> None:
     from pytest_vllm_mem.baseline.metrics import resolve_tolerances
-    from pytest_vllm_mem.baseline.noise import noise_aware_judge
+    from pytest_vllm_mem.baseline.noise import NoiseJudge
+
+    noise_aware_judge = NoiseJudge(prior=None)  # the window alone (a session prior moderates it: test_noise)
 
     base = entry("0.32.0", output_throughput=1000.0)
     base.spread = {"output_throughput": [990.0, 1000.0, 1010.0, 1005.0, 995.0]}

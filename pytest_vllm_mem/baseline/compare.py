@@ -83,6 +83,7 @@ class Sample:
     median: float
     values: tuple[float, ...]
     history: tuple[float, ...] = ()
+    sessions: int = 1  # servers the values came from (2 after a confirmation on a fresh start)
 
     @classmethod
     def of(cls, values: Sequence[float]) -> Sample:
@@ -93,6 +94,7 @@ class Sample:
 class Verdict:
     status: Literal["ok", "regressed", "improved"]
     detail: str = ""  # the statistics behind the decision, shown in the message ("-18% +- 6%, 4 runs vs 5")
+    confirm: bool = False  # a noise-judged regression near its limit: re-measure before it fails
 
 
 Judge = Callable[[Metric, Sample, Sample, Tolerance], Verdict]
@@ -125,6 +127,7 @@ class Comparison:
     recorded: float | None = None  # the recorded baseline when `baseline` was re-planned for this run's memory
     note: str = ""
     baseline_history: tuple[float, ...] = ()  # medians of earlier recorded sessions the judge was given
+    confirmable: bool = False  # a noise-judged regression near its limit (Verdict.confirm): re-measured first
 
     @property
     def unit(self) -> str:
@@ -246,92 +249,114 @@ def compare(
     tolerances: Mapping[str, Tolerance],
     *,
     judge: Judge = tolerance_judge,
+    now_sessions: int = 1,
 ) -> list[Comparison]:
     """One Comparison per catalogue metric measured now (catalogue order), from this run's samples per metric (one
     per load, or one per server) and the entry's medians and spreads. Pure: no I/O, no settings. Gated metrics are
     decided by `judge` under their tolerance (a missing one: the metric's default); report-only figures get "info".
     Unknown metric names are ignored (their direction is unknown); metrics in the baseline but not measured now are
-    skipped."""
+    skipped. `now_sessions`: the servers this run's samples came from (2 after a confirmation on a fresh start)."""
     replan = replan_for(entry, samples) if entry is not None else None
-    version = entry.env.vllm_version if entry is not None else None
     comparisons = []
     for name, metric in METRICS.items():
         values = [v for v in samples.get(name, ()) if math.isfinite(v)]
-        if not values:
-            continue
-        now = Sample.of(values)
-        # A report-only figure is gated when a tolerance is set for it (e.g. ttft_p99=50%).
-        tolerance = tolerances.get(name, metric.default_tolerance) if metric.gated or name in tolerances else None
-        recorded = entry.metrics.get(name) if entry is not None else None
-        if entry is None or recorded is None:
-            comparisons.append(
-                Comparison(name, None, now.median, None, tolerance, "new", version, now_values=now.values)
-            )
-            continue
-        recorded_values = tuple(entry.spread.get(name) or [recorded])
-        base = Sample(recorded, recorded_values, tuple(entry.history.get(name, ())))
-        original: float | None = None
-        note = ""
-        if replan is not None and metric.kv_sized:
-            moved = replan.value(metric, recorded)
-            note = replan.note()
-            if moved is None:
-                comparisons.append(
-                    Comparison(
-                        name,
-                        None,
-                        now.median,
-                        None,
-                        tolerance,
-                        "skipped",
-                        version,
-                        recorded_values,
-                        now.values,
-                        recorded=recorded,
-                        note=note + "; the baseline has no KV cache memory to scale it by",
-                    )
-                )
-                continue
-            # Earlier sessions' medians were taken at their own memory: a re-planned comparison goes without them.
-            base = Sample(moved, tuple(v for v in (replan.value(metric, x) for x in recorded_values) if v is not None))
-            original = recorded
-        change = _change_pct(base.median, now.median)
-        if tolerance is None:
-            comparisons.append(
-                Comparison(
-                    name,
-                    base.median,
-                    now.median,
-                    change,
-                    None,
-                    "info",
-                    version,
-                    base.values,
-                    now.values,
-                    recorded=original,
-                    note=note,
-                )
-            )
-            continue
-        verdict = judge(metric, base, now, tolerance)
-        comparisons.append(
-            Comparison(
-                name,
-                base.median,
-                now.median,
-                change,
-                tolerance,
-                verdict.status,
-                version,
-                base.values,
-                now.values,
-                verdict.detail,
-                original,
-                note,
-                base.history,
-            )
-        )
+        if values:
+            now = Sample(median(values), tuple(values), sessions=now_sessions)
+            comparisons.append(_compare_metric(name, metric, now, entry, tolerances, replan, judge))
     return comparisons
+
+
+def _compare_metric(
+    name: str,
+    metric: Metric,
+    now: Sample,
+    entry: BaselineEntry | None,
+    tolerances: Mapping[str, Tolerance],
+    replan: Replan | None,
+    judge: Judge,
+) -> Comparison:
+    """One metric's Comparison: "new" without a recorded value, "skipped" when a re-plan has nothing to scale by,
+    "info" for a report-only figure, otherwise the judge's verdict."""
+    version = entry.env.vllm_version if entry is not None else None
+    # A report-only figure is gated when a tolerance is set for it (e.g. ttft_p99=50%).
+    tolerance = tolerances.get(name, metric.default_tolerance) if metric.gated or name in tolerances else None
+    recorded = entry.metrics.get(name) if entry is not None else None
+    if entry is None or recorded is None:
+        return Comparison(name, None, now.median, None, tolerance, "new", version, now_values=now.values)
+    recorded_values = tuple(entry.spread.get(name) or [recorded])
+    base = Sample(recorded, recorded_values, tuple(entry.history.get(name, ())))
+    original: float | None = None
+    note = ""
+    if replan is not None and metric.kv_sized:
+        moved = replan.value(metric, recorded)
+        note = replan.note()
+        if moved is None:
+            return Comparison(
+                name,
+                None,
+                now.median,
+                None,
+                tolerance,
+                "skipped",
+                version,
+                recorded_values,
+                now.values,
+                recorded=recorded,
+                note=note + "; the baseline has no KV cache memory to scale it by",
+            )
+        # Earlier sessions' medians were taken at their own memory: a re-planned comparison goes without them.
+        base = Sample(moved, tuple(v for v in (replan.value(metric, x) for x in recorded_values) if v is not None))
+        original = recorded
+    change = _change_pct(base.median, now.median)
+    if tolerance is None:
+        return Comparison(
+            name,
+            base.median,
+            now.median,
+            change,
+            None,
+            "info",
+            version,
+            base.values,
+            now.values,
+            recorded=original,
+            note=note,
+        )
+    verdict = judge(metric, base, now, tolerance)
+    return Comparison(
+        name,
+        base.median,
+        now.median,
+        change,
+        tolerance,
+        verdict.status,
+        version,
+        base.values,
+        now.values,
+        verdict.detail,
+        original,
+        note,
+        base.history,
+        confirmable=verdict.confirm,
+    )
+
+
+# Free memory at startup is logged with two decimals of GiB: a smaller shortfall is rounding.
+FREE_MEMORY_SLACK = 0.005
+
+
+def free_memory_note(comparisons: Iterable[Comparison]) -> str | None:
+    """A line when this run's server saw less free device memory at start than the baseline's did: vLLM sizes its
+    pool from what it sees, so memory and KV figures may differ for that reason alone (a second instance on a card
+    saw 1.27 GiB less, llm-d-fast-model-actuation#746)."""
+    for c in comparisons:
+        if c.metric == "startup_free_memory" and c.baseline and c.now < c.baseline * (1 - FREE_MEMORY_SLACK):
+            return (
+                f"this run's server saw {format_bytes(c.now)} free at start, the baseline's "
+                f"{format_bytes(c.baseline)} ({format_bytes(c.baseline - c.now)} less): another process held device "
+                "memory, and memory and KV figures are not comparable until it is gone"
+            )
+    return None
 
 
 def gate_failures(comparisons: Iterable[Comparison], strict: bool) -> list[Comparison]:

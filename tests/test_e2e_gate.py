@@ -1,0 +1,39 @@
+"""A new user's first two runs: record a baseline with the defaults, run again with the defaults, nothing fails, and
+the summary states the suite's false-alarm budget (issue 25: a one-test suite failed on ttft_p50 +61.6%, "1 run vs
+1, tolerance 20%"). One server per run, the tiny model on the CPU backend."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from e2e import record, run_inner
+
+pytestmark = pytest.mark.e2e
+
+INNER = """
+from pytest_vllm_mem import VLLMConfig
+import pytest
+
+@pytest.mark.parametrize("vllm_config", [VLLMConfig("tiny", gpu_memory_utilization=0.1, max_model_len=1024)])
+def test_serving(vllm_server, vllm_load):
+    assert vllm_load(num_prompts=32, concurrency=8, max_tokens=32).ok  # the defaults: repeat=1
+"""
+
+
+def test_record_then_rerun_with_the_defaults_passes(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_inner=INNER)
+    baseline = pytester.path / "baselines.json"
+    result, _ = run_inner(pytester, f"--vllm-baseline={baseline}", "--vllm-update-baseline")
+    result.assert_outcomes(passed=1)
+    (entry,) = json.loads(baseline.read_text())["baselines"]["test_inner.py::test_serving[vllm_config0]"].values()
+    assert entry["runs"] == 1 and "kv_cache_memory" in entry["metrics"]
+
+    result, data = run_inner(pytester, f"--vllm-baseline={baseline}")
+    result.assert_outcomes(passed=1)
+    output = result.stdout.str()
+    assert "noise-judged comparisons in 1 family" in output and "expected false failures per healthy run" in output
+    compared = record(data, "test_serving[vllm_config0]")
+    statuses = {c["metric"]: c["status"] for c in compared["comparisons"]}
+    assert compared["baseline_status"] == "compared" and statuses["output_throughput"] == "ok"
+    assert statuses["kv_cache_memory"] == "ok" and statuses["kv_cache_tokens"] == "info"
