@@ -131,7 +131,7 @@ def test_sigkilled_pytest_takes_its_servers_and_their_segments_but_no_other_segm
             time.sleep(0.05)
         took = time.monotonic() - killed
         print(f"[faults] stand-in servers and segments gone {took:.2f} s after SIGKILL of their pytest")
-        assert took < lifeline.TERM_GRACE_S + 3
+        assert took < lifeline.TERM_GRACE_S + 10  # well inside the 15 s deadline; a busy machine delays the watchdog
         assert _segment_exists(mapped.name) and _segment_exists(unmapped.name)
         lines = trace.read_text().splitlines()  # the watchdog's record, in order, with its times
         assert re.search(r"^lifeline \d+ \+0\.\d\d s: pytest \d+ gone; 1 servers to stop$", lines[0]), lines
@@ -295,9 +295,9 @@ def test_a_killed_holder_frees_the_device_at_once(tmp_path: Path) -> None:
         holder.wait()
         os.environ[devicelock.LOCK_DIR_VAR] = str(tmp_path / "locks")
         started = time.monotonic()
-        with devicelock.startup_lock([DeviceInfo("cuda", "GPU", 1, 0, "GPU-aaaa")], timeout_s=5) as waits:
+        with devicelock.startup_lock([DeviceInfo("cuda", "GPU", 1, 0, "GPU-aaaa")], timeout_s=60) as waits:
             assert waits[0].locked
-        assert time.monotonic() - started < 1
+        assert time.monotonic() - started < 20  # taken from the dead holder at once, not after the 60 s timeout
     finally:
         os.environ.pop(devicelock.LOCK_DIR_VAR, None)
         holder.kill()
@@ -426,11 +426,11 @@ def test_kill_counts_a_zombie_as_gone_and_does_not_wait_for_its_reaping() -> Non
         assert parent.stdout is not None
         child = psutil.Process(int(parent.stdout.readline()))
         started = time.monotonic()
-        alive = lifeline.kill([child], grace_s=5.0)
+        alive = lifeline.kill([child], grace_s=30.0)
         took = time.monotonic() - started
         assert alive == [] and child.status() == psutil.STATUS_ZOMBIE  # dead, still in the process table
-        # psutil.wait_procs would have waited the whole grace and the 5 s after SIGKILL, and called it alive.
-        assert took < 4.0, f"lifeline.kill took {took:.1f} s over a process that died at SIGTERM"
+        # psutil.wait_procs would have waited the whole 30 s grace and the 5 s after SIGKILL, and called it alive.
+        assert took < 15.0, f"lifeline.kill took {took:.1f} s over a process that died at SIGTERM"
         assert lifeline.wait_gone([child], 0.0) == [] and not lifeline.is_alive(child)
         assert list(lifeline.in_session(parent.pid)) == [parent.pid]  # nor is it in its session any more
     finally:

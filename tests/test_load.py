@@ -136,13 +136,17 @@ def test_latencies_follow_the_fake_timings(fake):
         fake.url("ok", ttft_ms=50, itl_ms=20), "m", num_prompts=20, concurrency=5, max_tokens=5, prompt_len=8
     )
     assert result.ok and result.completed == 20 and result.failed == 0 and result.errors == []
-    assert 45 <= result.ttft.p50 <= 200 and result.ttft.mean >= 45
-    assert 15 <= result.itl.p50 <= 80  # four gaps of 20 ms per request
-    assert 15 <= result.tpot.mean <= 80  # (e2el - ttft) / (5 - 1)
-    assert 120 <= result.e2el.p50 <= 400  # 50 + 4 * 20 ms
+    # The fake sleeps at least its timings, so the lower bounds hold on any machine; above them a busy machine only
+    # adds delay, so the upper bounds are what the figures must be by construction, not by the machine's speed.
+    assert result.ttft.p50 >= 45 and result.ttft.mean >= 45
+    assert result.itl.p50 >= 15  # four gaps of 20 ms per request
+    assert result.tpot.mean >= 15  # (e2el - ttft) / (5 - 1)
+    assert result.e2el.p50 >= 120  # 50 + 4 * 20 ms
+    assert result.tpot.mean == pytest.approx((result.e2el.mean - result.ttft.mean) / 4, rel=1e-3)  # rounded ms
+    assert result.itl.p50 < result.e2el.p50 / 2  # a gap between tokens, not a whole request
     assert result.ttft.p50 <= result.ttft.p90 <= result.ttft.p99
-    # Four rounds of five requests, ~130 ms each.
-    assert 0.4 <= result.duration_s <= 3.0
+    # Four rounds of five requests, ~130 ms each at least; every request ends within the load.
+    assert result.duration_s >= 0.4 and result.e2el.p99 <= result.duration_s * 1000
     assert result.request_throughput == pytest.approx(20 / result.duration_s)
     assert result.total_output_tokens == 100
     assert result.output_throughput == pytest.approx(100 / result.duration_s)
@@ -219,21 +223,21 @@ def test_load_deadline_is_respected(fake):
     started = time.perf_counter()
     result = run_load(fake.url("hang"), "m", num_prompts=10, concurrency=4, timeout_s=2)
     elapsed = time.perf_counter() - started
-    assert elapsed < 4
+    assert elapsed < 2 + 10  # the deadline, and a margin a busy 2-core machine cannot use up (the fake never answers)
     assert result.failed == 10 and result.completed == 0
     assert {e.kind for e in result.errors} == {"timeout"}
     texts = [e.text for e in result.errors]
     assert sum("in flight" in t for t in texts) == 4 and sum("not sent" in t for t in texts) == 6
     assert "timeout_s=2" in texts[0]
-    assert 1.9 <= result.duration_s <= 3
+    assert 1.9 <= result.duration_s < 2 + 10
 
 
 def test_request_timeout_fails_only_the_slow_request(fake):
     started = time.perf_counter()
     result = run_load(
-        fake.url("midhang", 5, 5), "m", num_prompts=4, concurrency=4, max_tokens=4, request_timeout_s=0.5, timeout_s=30
+        fake.url("midhang", 5, 5), "m", num_prompts=4, concurrency=4, max_tokens=4, request_timeout_s=0.5, timeout_s=60
     )
-    assert time.perf_counter() - started < 3
+    assert time.perf_counter() - started < 20  # the request timeout ended it, not the load's 60 s
     assert result.failed == 4 and {e.kind for e in result.errors} == {"timeout"}
     assert "request_timeout_s" in result.errors[0].text
 
@@ -248,7 +252,7 @@ def test_should_abort_ends_the_load_early(fake):
         timeout_s=60,
         should_abort=lambda: time.perf_counter() - started > 0.5,
     )
-    assert time.perf_counter() - started < 2
+    assert time.perf_counter() - started < 20  # should_abort ended it, not the load's 60 s
     assert result.failed == 8 and {e.kind for e in result.errors} == {"aborted"}
     assert "should_abort() returned true" in result.errors[0].text
 
@@ -268,7 +272,7 @@ def test_poisson_arrivals_pace_the_load(fake):
     assert arrival_offsets(5, None) is None and arrival_offsets(5, float("inf")) is None
     result = run_load(fake.url("ok", 0, 0), "m", num_prompts=10, concurrency=10, max_tokens=2, request_rate=20)
     assert result.ok and result.request_rate == 20
-    assert 0.45 <= result.duration_s <= 2  # the last request is sent at 10 / 20 s
+    assert result.duration_s >= 0.45  # the last request is sent at 10 / 20 s: the arrivals paced the load
 
 
 def test_runs_inside_a_running_event_loop(fake):
