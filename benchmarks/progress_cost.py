@@ -33,8 +33,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from client_cost import cpu_seconds  # noqa: E402
 
 from pytest_vllm_mem.config import VLLMConfig  # noqa: E402
+from pytest_vllm_mem.launch.watch import watch_startup  # noqa: E402
 from pytest_vllm_mem.memory import MemorySampler, ProcessTreeProbe  # noqa: E402
-from pytest_vllm_mem.progress import Observer, Renderer, observing, watch_startup  # noqa: E402
+from pytest_vllm_mem.plugin.terminal import Renderer  # noqa: E402
+from pytest_vllm_mem.progress import Observer, observing  # noqa: E402
 
 LOG_LINE = (
     "(EngineCore pid=7) INFO 11-30 04:58:51 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with "
@@ -70,9 +72,15 @@ class FakeServer:
         self.config = VLLMConfig("tiny", max_model_len=1024)
         self.loads_run = 1
 
+    def peak_between(self, since: float) -> int:
+        return self.sampler.peak_between(since)
+
 
 def _observer(server: FakeServer | None, terminal: Discard) -> Observer:
-    return Observer(Renderer(terminal, "plain", 0), "bench::progress", 24 * 10**9, "24gb", server)  # type: ignore[arg-type]
+    renderer = Renderer(terminal, "plain", 0)
+    if server is None:
+        return Observer(renderer, "bench::progress", 24 * 10**9, "24gb")
+    return Observer(renderer, "bench::progress", 24 * 10**9, "24gb", server.peak_between, lambda: server.loads_run)
 
 
 def load_pair(base_url: str, num_prompts: int, server: FakeServer, terminal: Discard) -> dict[str, dict[str, float]]:

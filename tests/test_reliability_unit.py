@@ -155,7 +155,9 @@ def test_startup_hang_times_out_and_stops_the_whole_tree(tmp_path, probe, stub_e
     assert "waiting for a lock that is never released" in str(error.value)  # the log tail is quoted
     # The stub, its child in the group and its child in a session of its own: all stopped when launch() returns.
     assert running(pids) == []
-    assert elapsed < 2.0 + 2.0 + 5.0  # timeout + one health request + a prompt exit on SIGTERM
+    # Timeout + one health request + a prompt exit on SIGTERM, with a margin a busy machine cannot use up; a launch that
+    # did not stop the tree would wait on the stub forever (it is also checked directly above).
+    assert elapsed < 2.0 + 2.0 + 20.0
     FIGURES.fault("startup hang (in-process launch)", elapsed - 2.0)
 
 
@@ -169,7 +171,7 @@ def test_server_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path, 
     pids = [int(pid) for pid in pids_file.read_text().split()]
     FIGURES.saw(pids)
     assert running(pids) == []
-    assert elapsed < 1.0 + 2.0 + 1.0 + 5.0
+    assert elapsed < 1.0 + 2.0 + 1.0 + 20.0  # the grace then SIGKILL; the stub itself never exits
     FIGURES.fault("server ignoring SIGTERM", elapsed - 1.0)
 
 
@@ -179,9 +181,9 @@ def test_stop_is_idempotent_and_quick_for_a_dead_server(tmp_path, probe, stub_en
     os.killpg(server.pid, signal.SIGKILL)
     server.process.wait(5)
     started = time.monotonic()
-    server.stop(5)
-    server.stop(5)
-    assert time.monotonic() - started < 2
+    server.stop(30)
+    server.stop(30)
+    assert time.monotonic() - started < 15  # neither stop waited its 30 s grace on a dead server
     assert server.pid not in server_module._LIVE
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -12,10 +13,12 @@ import pytest
 
 from pytest_vllm_mem.baseline.results import TestRecord
 from pytest_vllm_mem.baseline.store import BaselineEntry, BaselineStore, EnvKey
+from pytest_vllm_mem.memory import DeviceInfo
 from pytest_vllm_mem.plugin.gate import Gate, env_key
 from pytest_vllm_mem.plugin.report import (
     COLUMNS,
     ReportWriter,
+    RunFacts,
     baseline_cell,
     format_table,
     markdown_table,
@@ -27,7 +30,7 @@ from pytest_vllm_mem.plugin.report import (
 GIB = 2**30
 
 
-def load(throughput: float = 1234.4, completed: int = 8, peak: int = 5 * GIB, ttft_p99: float = 91.6) -> dict:
+def load(throughput: float = 1234.4, completed: int = 8, peak: int = 5 * GIB, ttft_p99: float = 91.6) -> dict[str, Any]:
     return {
         "ok": True,
         "completed": completed,
@@ -40,7 +43,9 @@ def load(throughput: float = 1234.4, completed: int = 8, peak: int = 5 * GIB, tt
     }
 
 
-def make_record(test_id: str = "tests/test_a.py::test_chat[tiny]", *loads: dict, **changes: Any) -> TestRecord:
+def make_record(
+    test_id: str = "tests/test_a.py::test_chat[tiny]", *loads: dict[str, Any], **changes: Any
+) -> TestRecord:
     record = TestRecord(
         test_id=test_id,
         config="vllm serve m",
@@ -60,7 +65,7 @@ def make_record(test_id: str = "tests/test_a.py::test_chat[tiny]", *loads: dict,
     return record
 
 
-def comparison(metric: str, status: str, change_pct: float | None) -> dict:
+def comparison(metric: str, status: str, change_pct: float | None) -> dict[str, Any]:
     return {
         "metric": metric,
         "status": status,
@@ -139,7 +144,7 @@ def test_table_row_cells() -> None:
         ("compared", [comparison("ttft_p99", "new", None)], "within tolerance", "green"),
     ],
 )
-def test_baseline_cell(status: str, comparisons: list, text: str, color: str | None) -> None:
+def test_baseline_cell(status: str, comparisons: list[dict[str, Any]], text: str, color: str | None) -> None:
     assert baseline_cell(make_record(baseline_status=status, comparisons=comparisons)) == (text, color)
 
 
@@ -196,34 +201,28 @@ class FakeSettings:
     vllm_update_baseline: bool = False
     vllm_require_baseline: bool = False
     vllm_strict: bool = False
+    vllm_gate_alpha: float = 0.025
 
 
-@dataclass
-class FakeState:
-    """The attributes ReportWriter reads from SessionState, for a session that started a server."""
+def fake_settings(writer: ReportWriter) -> FakeSettings:
+    """The writer's settings, to change for one test (the writer reads them through a read-only Protocol)."""
+    assert isinstance(writer.settings, FakeSettings)
+    return writer.settings
 
-    settings: FakeSettings
-    tier_text: str = "24gb"
-    leaked: list[int] = field(default_factory=list)
 
-    def __post_init__(self) -> None:
-        self.tier = SimpleNamespace(name="24gb", bytes=24 * 10**9, auto=False)
-        self.known_device = self.device = SimpleNamespace(name="NVIDIA L4", backend="cuda", total_bytes=24_150_000_000)
-        self.parser_table = SimpleNamespace(version="0.32.0")
-        self.known_vllm_version = "0.32.0"
-        self._pool = self.pool = SimpleNamespace(startups=2)
-        self.gate = Gate(self.settings)
+L4 = DeviceInfo("cuda", "NVIDIA L4", 24_150_000_000, 0)
+STARTED = RunFacts(L4, "24gb", "0.32.0")  # a session that started a server on an L4
 
 
 class FakeTerminal:
     def __init__(self) -> None:
-        self.lines: list[tuple[str, dict]] = []
+        self.lines: list[tuple[str, dict[str, bool]]] = []
 
     def section(self, title: str, sep: str = "=") -> None:
         self.lines.append((f"== {title}", {}))
 
-    def line(self, text: str, **markup: bool) -> None:
-        self.lines.append((text, markup))
+    def line(self, msg: str, **markup: bool) -> None:
+        self.lines.append((msg, markup))
 
 
 @pytest.fixture
@@ -233,7 +232,7 @@ def writer(tmp_path: Path) -> ReportWriter:
         vllm_results=tmp_path / "out" / "results.json",
         vllm_markdown=tmp_path / "summary.md",
     )
-    return ReportWriter(FakeState(settings), SimpleNamespace(rootpath=tmp_path))  # type: ignore[arg-type]
+    return ReportWriter(settings, Gate(settings), tmp_path, lambda: STARTED)
 
 
 def test_results_document_is_json(writer: ReportWriter) -> None:
@@ -253,8 +252,7 @@ def test_results_document_is_json(writer: ReportWriter) -> None:
 
 
 def test_results_document_without_a_server(writer: ReportWriter) -> None:
-    state = writer.state
-    state.known_device = state.known_vllm_version = state._pool = None
+    writer.facts = lambda: RunFacts(None, "24gb", None)
     document = writer.results_document([])
     assert document["tier"] == "24gb" and document["device"] is None and document["server_startups"] == 0
     assert writer.header() == "no server started"
@@ -277,7 +275,7 @@ def test_write_all_writes_results_markdown_and_step_summary(
 
 
 def test_write_all_updates_the_baseline(writer: ReportWriter, tmp_path: Path) -> None:
-    writer.state.settings.vllm_update_baseline = True
+    fake_settings(writer).vllm_update_baseline = True
     updated = make_record(baseline_status="updated")
     failed = make_record("t::failed", baseline_status="updated", passed=False)
     writer.write_all([updated, failed])
@@ -289,7 +287,7 @@ def test_write_all_updates_the_baseline(writer: ReportWriter, tmp_path: Path) ->
 def test_write_errors_are_collected_not_raised(writer: ReportWriter, tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    writer.state.settings.vllm_results = blocker / "results.json"  # a folder that cannot exist
+    fake_settings(writer).vllm_results = blocker / "results.json"  # a folder that cannot exist
     writer.write_all([make_record()])
     [error] = writer.errors
     assert error.startswith(f"--vllm-results {blocker / 'results.json'}: could not write the file")
@@ -299,8 +297,8 @@ def test_write_errors_are_collected_not_raised(writer: ReportWriter, tmp_path: P
 def test_a_baseline_that_cannot_be_written_fails_the_run(writer: ReportWriter, tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    writer.state.settings.vllm_update_baseline = True
-    writer.state.gate = Gate(FakeSettings(blocker / "baselines.json"))
+    fake_settings(writer).vllm_update_baseline = True
+    writer.gate = Gate(FakeSettings(blocker / "baselines.json"))
     writer.write_all([make_record(baseline_status="updated")])
     assert writer.failed and writer.baseline_written is None
     [error] = writer.errors
@@ -325,7 +323,7 @@ def test_a_missing_plot_library_is_a_warning_not_a_failure(
             raise ImportError("no matplotlib")
         return real_import(name, *args, **kwargs)
 
-    writer.state.settings.vllm_plots = Path("plots")
+    fake_settings(writer).vllm_plots = Path("plots")
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     writer.finish_record(make_record(), SimpleNamespace(sampler=None))  # type: ignore[arg-type]
     assert writer.warnings == ["--vllm-plots needs matplotlib: pip install 'pytest-vllm-mem[plots]'"]
@@ -339,7 +337,7 @@ def test_terminal_summary(writer: ReportWriter) -> None:
             "t::slow", baseline_status="compared", comparisons=[comparison("output_throughput", "regressed", -25.0)]
         ),
     ]
-    writer.state.leaked = [4242]
+    writer.facts = lambda: dataclasses.replace(STARTED, leaked=(4242,))
     writer.errors.append("could not append")
     terminal = FakeTerminal()
     writer.terminal_summary(terminal, records)
@@ -378,13 +376,13 @@ def upgraded_record(writer: ReportWriter, tmp_path: Path, throughput: float = 12
         host="ci-1",
         recorded_at="2026-11-30T05:00:00Z",
     )
-    BaselineStore(writer.state.settings.vllm_baseline).update([entry])
+    BaselineStore(writer.settings.vllm_baseline).update([entry])
     record = make_record(
         "tests/test_a.py::test_chat[tiny]",
         load(throughput=throughput),
         memory={"kv_cache_tokens": 123_456, "kv_cache_gib": 1.85, "weights_gib": 0.5, "max_concurrency": 60.3},
     )
-    writer.state.gate.evaluate(record, {}, tier_is_auto=False)
+    writer.gate.evaluate(record, {}, tier_is_auto=False)
     return record
 
 
@@ -414,18 +412,10 @@ def test_upgrade_report_shows_every_figure_old_vs_new(writer: ReportWriter, tmp_
         "startup_time",
     ):
         assert figure in rows, figure
-    assert rows["kv_cache_tokens"].split()[1:] == [
-        "100,000",
-        "tokens",
-        "123,456",
-        "tokens",
-        "+23.5%",
-        "improved",
-        "(tolerance",
-        "5%)",
-    ]
+    # The pool in GiB is gated; the token line vLLM derives from it is reported (issue 25, vllm#51041).
+    assert rows["kv_cache_tokens"].split()[1:] == ["100,000", "tokens", "123,456", "tokens", "+23.5%", "reported"]
     assert "1.50 GiB" in rows["kv_cache_memory"] and "1.85 GiB" in rows["kv_cache_memory"]
-    assert rows["kv_cache_memory"].endswith("reported")
+    assert rows["kv_cache_memory"].endswith("improved (tolerance 5%)")
     assert "-17.7%" in rows["output_throughput"] and "regressed (tolerance 10%)" in rows["output_throughput"]
 
 
@@ -434,7 +424,8 @@ def test_upgrade_report_in_markdown_json_and_terminal(writer: ReportWriter, tmp_
     markdown = upgrade_markdown([record])
     assert markdown.startswith("#### vLLM upgrade 0.27.1 -> 0.32.0")
     assert "| figure | vLLM 0.27.1 | vLLM 0.32.0 | change | status |" in markdown
-    assert "| kv_cache_tokens | 100,000 tokens | 123,456 tokens | +23.5% | improved (tolerance 5%) |" in markdown
+    assert "| kv_cache_tokens | 100,000 tokens | 123,456 tokens | +23.5% | reported |" in markdown
+    assert "| kv_cache_memory | 1.50 GiB | 1.85 GiB | +23.3% | improved (tolerance 5%) |" in markdown
     [upgrade] = writer.results_document([record])["upgrades"]
     assert upgrade["from"] == "0.27.1" and upgrade["to"] == "0.32.0" and upgrade["baseline"]["exact"] is False
     figures = {f["metric"]: f for f in upgrade["figures"]}
@@ -452,7 +443,7 @@ def test_upgrade_report_in_markdown_json_and_terminal(writer: ReportWriter, tmp_
 
 def test_no_upgrade_report_without_a_version_change(writer: ReportWriter, tmp_path: Path) -> None:
     record = make_record()
-    writer.state.gate.evaluate(record, {}, tier_is_auto=False)
+    writer.gate.evaluate(record, {}, tier_is_auto=False)
     assert upgrade_lines([record]) == [] and upgrade_markdown([record]) == ""
     assert writer.results_document([record])["upgrades"] == []
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import pytest
@@ -19,15 +20,27 @@ class HeldDeviceProbe:
     """A GPU on which another process (an earlier server still exiting) holds 60 GiB of 80."""
 
     device = DeviceInfo(backend="cuda", name="NVIDIA H100 80GB HBM3", total_bytes=80 * GIB, index=0)
+    devices = (device,)
+    default_period_s = 0.05
+    attribution_notes: tuple[str, ...] = ()
 
-    def other_holders(self, exclude_pids):
+    def read(self, pids: Collection[int]) -> tuple[int, ...]:
+        return (0,)
+
+    def used_bytes(self, pids: Collection[int]) -> int:
+        return 0
+
+    def other_holders(self, exclude_pids: Collection[int]) -> list[tuple[int, int, str]]:
         return [(4242, 60 * GIB, "VLLM::Worker")]
 
     def device_used_bytes(self) -> int:
         return 60 * GIB
 
-    def used_bytes(self, pids) -> int:
-        return 0
+    def free_bytes(self) -> tuple[int, ...]:
+        return (20 * GIB,)
+
+    def scoped(self, devices: Sequence[DeviceInfo]) -> HeldDeviceProbe:
+        return self
 
     def close(self) -> None:
         pass
@@ -68,8 +81,12 @@ def test_session_state_declares_its_attributes_and_knows_nothing_before_a_server
     from pytest_vllm_mem.settings import Settings
 
     state = SessionState(Settings.from_values({"vllm_model_override": "other/model"}, tmp_path))
-    # Set by pytest_configure, declared on the class (type checkers see them; nothing attaches attributes from outside).
-    assert {"gate", "report", "collector"} <= set(SessionState.__annotations__)
+    # The gate, the report writer and the records are the plugin session's, built with the state in one go: the state
+    # names none of them (nothing attaches attributes from outside).
+    from pytest_vllm_mem.plugin.session import PluginSession
+
+    assert {"state", "gate", "report", "records"} <= set(PluginSession.__dataclass_fields__)
+    assert not {"gate", "report", "collector"} & set(vars(state))
     assert state.records == {} and state.servers == {} and state.leaked == [] and state.unwarned == []
     # What the report reads: public, and None until a test needed the device or vLLM's flag table.
     assert state.known_device is None and state.known_vllm_version is None

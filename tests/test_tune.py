@@ -234,13 +234,18 @@ class FakeState:
             {},
         )
 
-    def device_total_now(self) -> int:
+    preflight = False
+
+    def device_total_now(self, config: VLLMConfig | None = None) -> int:
         return self.device.total_bytes
 
     def launched_config(self, config: VLLMConfig):
         return config, None, []
 
-    def start(self, config: VLLMConfig) -> FakeServer:
+    def plan(self, config: VLLMConfig, launched: VLLMConfig) -> None:
+        return None  # plans nothing: every trial is a startup
+
+    def launch(self, config: VLLMConfig) -> FakeServer:
         self.started.append(config)
         utilization = float(config.flag("gpu_memory_utilization"))
         if utilization < self.fail_below:
@@ -512,7 +517,7 @@ def test_a_multi_gpu_trial_holds_the_fullest_gpu_against_the_tier(
         lambda server, spec: _load_result(peak_memory_bytes=total, peak_memory_per_gpu=load_per_gpu),
     )
     state = FakeState()
-    state.start = lambda config: FakeServer(config, 4 * GIB, per_gpu=(2 * GIB, 2 * GIB))  # type: ignore[method-assign]
+    state.launch = lambda config: FakeServer(config, 4 * GIB, per_gpu=(2 * GIB, 2 * GIB))  # type: ignore[method-assign]
     trial = run_trial(state, VLLMConfig("tiny"), 0.9, LoadSpec(), state.tier, lambda line: None)
     assert trial.outcome == outcome
     assert trial.peak_memory_bytes == total and trial.largest_gpu_peak_bytes == max(load_per_gpu)

@@ -13,7 +13,17 @@ from pytest_vllm_mem.kinds import FailureKind
 
 if TYPE_CHECKING:
     from pytest_vllm_mem.diagnosis.diagnose import Diagnosis
-    from pytest_vllm_mem.launch.server import StartupRecord
+
+
+class StartupRecord(TypedDict):
+    """launch.server.StartupOutcome as a test record and the results JSON keep it."""
+
+    ok: bool
+    kind: str
+    duration_s: float
+    peak_memory_bytes: int
+    peak_memory_per_gpu: list[int]
+
 
 RECORD_PROPERTY = "vllm_mem_record"  # key in item.user_properties: survives pytest-xdist report serialization
 

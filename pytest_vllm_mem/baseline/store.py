@@ -10,6 +10,10 @@ An entry may keep `history`: per metric, the medians of up to `KEEP_HISTORY` ear
 Refreshing an entry (same test, environment and server config) moves its medians there, so the file shows how much
 whole sessions scatter on this runner, which a session's own repeats cannot (noise.py weighs it). The field is
 optional: files without it load as before (schema 1), and a plugin that does not know it ignores it.
+
+An entry may also keep `sessions`: up to `KEEP_SESSIONS` earlier sessions, oldest first, each with the commit and
+time it was recorded from and its medians (`{"commit": ..., "recorded_at": ..., "medians": {metric: value}}`), the
+series over which changepoint.find_step looks for a step. Optional in the same way.
 """
 
 from __future__ import annotations
@@ -21,8 +25,7 @@ import secrets
 import socket
 import stat
 import statistics
-import subprocess
-from collections.abc import Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,6 +42,9 @@ KEEP_VERSIONS = 3
 # Earlier sessions' medians kept per metric: enough to estimate their spread, few enough that an old runner or an old
 # code state ages out within a week of daily refreshes.
 KEEP_HISTORY = 5
+# Earlier sessions kept with their commits for the change-point search: a month of daily refreshes, a few KiB per
+# test, enough that a step shows with several sessions on each side of it.
+KEEP_SESSIONS = 30
 
 
 class BaselineError(Exception):
@@ -120,6 +126,18 @@ class BaselineEntry:
     commit: str | None = None
     host: str = field(default_factory=socket.gethostname)
     history: dict[str, list[float]] = field(default_factory=dict)  # earlier sessions' medians, oldest first
+    sessions: list[dict[str, Any]] = field(default_factory=list)  # earlier sessions with commits, oldest first
+
+    def series(self, metric: str) -> tuple[list[float], list[str | None]]:
+        """(medians, commits) of `metric` over the kept sessions and this entry's own, oldest first."""
+        values: list[float] = []
+        commits: list[str | None] = []
+        for session in [*self.sessions, {"commit": self.commit, "medians": self.metrics}]:
+            value = session.get("medians", {}).get(metric)
+            if value is not None:
+                values.append(float(value))
+                commits.append(session.get("commit"))
+        return values, commits
 
     def continuing(
         self, previous: BaselineEntry | None, *, keep: int = KEEP_HISTORY, metrics: Container[str] | None = None
@@ -131,7 +149,7 @@ class BaselineEntry:
         if previous is None:
             return self
         if previous.config != self.config or keep <= 0:
-            return replace(self, history={})
+            return replace(self, history={}, sessions=[])
         history: dict[str, list[float]] = {}
         for name in sorted(set(previous.history) | set(previous.metrics)):
             if metrics is not None and name not in metrics:
@@ -141,7 +159,10 @@ class BaselineEntry:
                 values.append(previous.metrics[name])
             if values[-keep:]:
                 history[name] = values[-keep:]
-        return replace(self, history=history)
+        medians = {name: v for name, v in previous.metrics.items() if metrics is None or name in metrics}
+        own = {"commit": previous.commit, "recorded_at": previous.recorded_at, "medians": medians}
+        sessions = [*previous.sessions, own][-KEEP_SESSIONS:] if medians else list(previous.sessions)
+        return replace(self, history=history, sessions=sessions)
 
     @classmethod
     def from_samples(
@@ -196,6 +217,7 @@ class BaselineEntry:
                 if self.history
                 else {}
             ),
+            **({"sessions": [dict(session) for session in self.sessions]} if self.sessions else {}),
         }
 
     @classmethod
@@ -214,6 +236,12 @@ class BaselineEntry:
             isinstance(v, list) and all(is_finite_number(x) for x in v) for v in history_raw.values()
         ):
             raise ValueError("'history' must map metric names to lists of finite numbers (earlier sessions' medians)")
+        sessions = data.get("sessions", [])
+        if not isinstance(sessions, list) or not all(_is_session(x) for x in sessions):
+            raise ValueError(
+                '\'sessions\' must be a list of {"commit": string or null, "recorded_at": string, "medians": '
+                "{metric: finite number}} (earlier sessions, oldest first)"
+            )
         runs = data.get("runs")
         if not isinstance(runs, int) or isinstance(runs, bool) or runs < 1:
             raise ValueError(f"'runs' must be a positive whole number, found {runs!r}")
@@ -234,7 +262,25 @@ class BaselineEntry:
             commit=commit,
             host=data["host"],
             history={str(name): [float(x) for x in values] for name, values in history_raw.items()},
+            sessions=[
+                {
+                    "commit": x.get("commit"),
+                    "recorded_at": x.get("recorded_at", ""),
+                    "medians": {str(k): float(v) for k, v in x["medians"].items()},
+                }
+                for x in sessions
+            ],
         )
+
+
+def _is_session(value: Any) -> bool:
+    return (
+        isinstance(value, Mapping)
+        and isinstance(value.get("medians"), Mapping)
+        and all(is_finite_number(v) for v in value["medians"].values())
+        and (value.get("commit") is None or isinstance(value.get("commit"), str))
+        and isinstance(value.get("recorded_at", ""), str)
+    )
 
 
 def _number_map(value: Any, name: str) -> dict[str, float]:
@@ -300,6 +346,7 @@ class BaselineStore:
         self.keep_history = keep_history
         self.history_metrics = history_metrics  # metrics whose earlier medians are kept (None: all)
         self.dropped: list[tuple[str, str]] = []  # (test_id, env_str) pruned by the last update
+        self.written: list[BaselineEntry] = []  # the entries the last update wrote, with their carried history
         self._cache: dict[tuple[str, str], BaselineEntry] | None = None
 
     def _read_document(self) -> dict[str, Any]:
@@ -369,6 +416,10 @@ class BaselineStore:
         assert self._cache is not None
         return self._cache
 
+    def all_entries(self) -> list[BaselineEntry]:
+        """Every entry, as of the first read in this session."""
+        return list(self._cached().values())
+
     def get(self, test_id: str, env: EnvKey) -> BaselineEntry | None:
         """The entry as of the first read in this session."""
         return self._cached().get((test_id, env.as_str()))
@@ -395,13 +446,16 @@ class BaselineStore:
                 ) from None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.written = []
             with filelock.FileLock(str(self.lock_path), timeout=self.lock_timeout):
                 document = self._read_document()  # re-read under the lock: another process may have written
                 current = self._entries(document)  # refuse to rewrite a file whose entries are broken
                 written: dict[str, list[str]] = {}
                 for (test_id, env_str), entry in fresh.items():
                     previous = current.get((test_id, env_str))
-                    data = entry.continuing(previous, keep=self.keep_history, metrics=self.history_metrics).to_dict()
+                    merged = entry.continuing(previous, keep=self.keep_history, metrics=self.history_metrics)
+                    self.written.append(merged)
+                    data = merged.to_dict()
                     document["baselines"].setdefault(test_id, {})[env_str] = data
                     written.setdefault(test_id, []).append(env_str)
                 self.dropped = [
@@ -419,6 +473,34 @@ class BaselineStore:
             raise BaselineError(
                 f"Baseline file {self.path} could not be written ({error.strerror or error}); the new entries are "
                 "lost. Pass --vllm-baseline a path in a writable folder."
+            ) from None
+        self._cache = None
+
+    def rewrite(
+        self, change: Callable[[dict[tuple[str, str], BaselineEntry]], Mapping[tuple[str, str], BaselineEntry]]
+    ) -> None:
+        """Replace every entry with `change(current entries)`, the current ones read under the file lock and the
+        result written atomically: the whole-file counterpart of `update` (no history carried, nothing pruned), for
+        the shard merge (cli/merge.py). `change` may raise to leave the file as it is."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with filelock.FileLock(str(self.lock_path), timeout=self.lock_timeout):
+                entries = change(self._entries(self._read_document()))
+                baselines: dict[str, dict[str, Any]] = {}
+                for (test_id, env_str), entry in entries.items():
+                    baselines.setdefault(test_id, {})[env_str] = entry.to_dict()
+                self._write_atomically(
+                    dumps_document({"schema": SCHEMA_VERSION, "baselines": baselines}).encode("utf-8")
+                )
+        except filelock.Timeout:
+            raise BaselineError(
+                f"Baseline file {self.path}: could not take its lock {self.lock_path} within "
+                f"{self.lock_timeout:g} s. Another run may be writing baselines; if none is, delete the lock file."
+            ) from None
+        except OSError as error:
+            raise BaselineError(
+                f"Baseline file {self.path} could not be written ({error.strerror or error}). Pass a path in a "
+                "writable folder."
             ) from None
         self._cache = None
 
@@ -444,20 +526,3 @@ class BaselineStore:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-
-
-def git_commit(cwd: Path | str) -> str | None:
-    """The short sha of HEAD when `cwd` is in a git work tree; None (quietly) without git, a repo or a commit."""
-    try:
-        result = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=str(cwd),
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    sha = result.stdout.strip()
-    return sha if result.returncode == 0 and sha else None

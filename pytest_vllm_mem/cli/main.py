@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_vllm_mem.cli.args import env_arg, print_line, split_flag, tier_arg
+from pytest_vllm_mem.cli.merge import add_merge_parser
 from pytest_vllm_mem.cli.plan import add_plan_parser
 from pytest_vllm_mem.settings import Settings, UsageError
 from pytest_vllm_mem.tune.search import (
@@ -82,7 +83,16 @@ def build_parser() -> argparse.ArgumentParser:
         "load and checks the peak against the tier. Prints each trial, then the recommended command "
         "and its headroom. Exit 0 with a recommendation, 1 when no value in the range worked.",
     )
-    add = tune_parser.add_argument
+    _add_search_arguments(tune_parser.add_argument)
+    _add_run_arguments(tune_parser.add_argument)
+    tune_parser.set_defaults(run=run_tune, command_parser=tune_parser)  # errors show the subcommand's usage
+    add_plan_parser(commands)
+    add_merge_parser(commands)
+    return parser
+
+
+def _add_search_arguments(add: Callable[..., object]) -> None:
+    """What the tuner searches: the model and tier, the utilization range, its step and budget, the trials' flags."""
     add("--model", required=True, help="model name, local folder, or 'tiny' (the built-in random-weight model)")
     add(
         "--tier",
@@ -138,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=VALUE",
         help="an environment variable for the server (repeatable)",
     )
+
+
+def _add_run_arguments(add: Callable[..., object]) -> None:
+    """How each trial runs: its load, the startup timeout, and where the results, caches and logs go."""
     for name, what in (
         ("num_prompts", "requests in each trial's load"),
         ("concurrency", "requests in flight at once"),
@@ -161,9 +175,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--log-dir", type=Path, default=Path(".vllm-mem/logs"), help="server logs (default .vllm-mem/logs)")
     add("--python", default=None, help="interpreter that runs vLLM (default: this one)")
-    tune_parser.set_defaults(run=run_tune, command_parser=tune_parser)  # errors show the subcommand's usage
-    add_plan_parser(commands)
-    return parser
 
 
 def build_settings(args: argparse.Namespace) -> Settings:

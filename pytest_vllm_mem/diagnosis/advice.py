@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from pytest_vllm_mem.diagnosis.diagnose import Diagnosis, StartupMemory, rejected_flags
 from pytest_vllm_mem.units import GIB
+from pytest_vllm_mem.versions import default_utilization
 
 if TYPE_CHECKING:
     from pytest_vllm_mem.config import VLLMConfig
@@ -36,17 +37,6 @@ CPU_KVCACHE_SPACE_DEFAULT_GIB = 4  # VLLM_CPU_KVCACHE_SPACE when unset (vLLM's C
 def _fmt(value: float) -> str:
     """0.9 -> '0.9', 0.85 -> '0.85', 8192 -> '8192'."""
     return f"{value:.2f}".rstrip("0").rstrip(".")
-
-
-def _version_tuple(version: str | None) -> tuple[int, ...] | None:
-    match = re.match(r"(\d+)\.(\d+)", version or "")
-    return (int(match.group(1)), int(match.group(2))) if match else None
-
-
-def default_utilization(version: str | None) -> float:
-    """vLLM's default gpu_memory_utilization: 0.92 in the 0.3x releases (read in 0.32's CacheConfig), 0.9 before."""
-    parsed = _version_tuple(version)
-    return 0.92 if parsed is not None and parsed >= (0, 32) else 0.9
 
 
 def _utilization(config: VLLMConfig, memory: StartupMemory | None, measured: float | None = None) -> tuple[float, str]:
@@ -86,8 +76,10 @@ def _round_model_len(tokens: float) -> int:
 
 
 def tier_label(tier_bytes: int) -> str:
-    """24 GiB -> '24gb' (the tier names used in markers and reports)."""
-    return f"{_fmt(tier_bytes / GIB)}gb"
+    """A tier's own name from its size, as tiers.parse_tier names it: 24e9 bytes -> '24gb', 24 * 2^30 -> '24gib'."""
+    if tier_bytes % GIB == 0:
+        return f"{tier_bytes // GIB}gib"
+    return f"{tier_bytes / 10**9:.2f}".rstrip("0").rstrip(".") + "gb"
 
 
 def _device_total(diagnosis: Diagnosis | None, memory: StartupMemory | None) -> float | None:
@@ -297,6 +289,14 @@ def _host_memory(diagnosis: Diagnosis, config: VLLMConfig, memory: StartupMemory
             rungs.append(f"gpu_memory_utilization {shown} -> {_fmt(target)} (fits the KV cache into what is available)")
         return rungs
     rungs = ["the host ran out of RAM, not device memory: stop other processes or use a machine with more RAM"]
+    if figures.get("host_kill"):  # Ray's memory monitor or the kernel's OOM killer stopped a process
+        if "threshold" in figures:
+            rungs.append(
+                f"or let Ray kill later: env RAY_memory_usage_threshold (now {figures['threshold']:g} of the node's "
+                "RAM) when Ray starts"
+            )
+        if diagnosis.platform != "cpu":
+            return rungs  # off the CPU backend, gpu_memory_utilization sizes device memory, not the host's
     rungs += [
         r
         for r in (
@@ -607,14 +607,64 @@ def _peak_over_tier_from_budget(
     )
 
 
+# "gpu_memory_utilization 0.15 -> 0.13", "default 0.92 -> 0.8", "gpu_memory_utilization to 0.5": the values of a rung.
+_UTILIZATION_RUNG = re.compile(
+    r"gpu_memory_utilization (?:(default )?(\d+(?:\.\d+)?) -> (\d+(?:\.\d+)?)|to (\d+(?:\.\d+)?))"
+)
+
+
 def advise(
     diagnosis: Diagnosis | None,
     config: VLLMConfig,
     memory: StartupMemory | None,
     tier_bytes: int | None = None,
     peak_bytes: int | None = None,
+    *,
+    requested: VLLMConfig | None = None,
 ) -> list[str]:
-    """Concrete next steps, best first, for a diagnosis (or, with none, for a peak above the tier); [] if none."""
+    """Concrete next steps, best first, for a diagnosis (or, with none, for a peak above the tier); [] if none.
+
+    `config` is what ran; `requested`, what the test asked for. Under tier emulation the launched
+    gpu_memory_utilization is the user's scaled by tier/device (0.92 on the 24gb tier of an H200 runs as 0.1543):
+    the advice then names the user's value and what to set it to, with the launched figures beside them."""
+    steps = _advise(diagnosis, config, memory, tier_bytes, peak_bytes)
+    return _in_requested_units(steps, config, requested, memory) if requested is not None else steps
+
+
+def _in_requested_units(
+    steps: list[str], launched: VLLMConfig, requested: VLLMConfig, memory: StartupMemory | None
+) -> list[str]:
+    ran = launched.flag("gpu_memory_utilization")
+    asked = requested.flag("gpu_memory_utilization")
+    if ran is None or asked == ran:
+        return steps
+    user = float(asked) if asked is not None else default_utilization(memory.vllm_version if memory else None)
+    scale = float(ran) / user
+    if not 0 < scale < 1:
+        return steps
+
+    def convert(match: re.Match[str]) -> str:
+        if match.group(4) is not None:
+            target = float(match.group(4))
+            return f"gpu_memory_utilization to {_fmt(_floor_to(target / scale, 0.01))} (launched as {target:g})"
+        before, after = float(match.group(2)), float(match.group(3))
+        is_current = abs(before - float(ran)) <= 0.005  # the rung shows the launched value to two decimals
+        shown = ("default " if asked is None else "") + _fmt(user if is_current else before / scale)
+        return (
+            f"gpu_memory_utilization {shown} -> {_fmt(_floor_to(after / scale, 0.01))} (the tier emulation "
+            f"launches it as {float(ran) if is_current else before:g} -> {after:g})"
+        )
+
+    return [_UTILIZATION_RUNG.sub(convert, step) for step in steps]
+
+
+def _advise(
+    diagnosis: Diagnosis | None,
+    config: VLLMConfig,
+    memory: StartupMemory | None,
+    tier_bytes: int | None,
+    peak_bytes: int | None,
+) -> list[str]:
     if diagnosis is None:
         if tier_bytes and peak_bytes and peak_bytes > tier_bytes:
             return _peak_over_tier(config, memory, tier_bytes, peak_bytes)

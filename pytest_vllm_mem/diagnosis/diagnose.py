@@ -135,6 +135,13 @@ _STAMPS = (
 )
 
 
+def record_stamp(line: str) -> str | None:
+    """The `MM-DD HH:MM:SS` stamp of the vLLM record header in `line` (local time, 1 s resolution, no year); None
+    when the line has none. The plots place startup steps by it."""
+    match = _STAMPS[0].search(strip_ansi(line))
+    return match.group(1) if match else None
+
+
 def _newest_first(raws: Sequence[str]) -> bool:
     """Whether a pasted log runs backwards (log viewers that show the newest line first): its timestamps mostly fall.
 

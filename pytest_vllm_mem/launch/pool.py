@@ -17,6 +17,8 @@ from typing import Any
 from pytest_vllm_mem.config import VLLMConfig
 from pytest_vllm_mem.diagnosis.advice import advise
 from pytest_vllm_mem.diagnosis.diagnose import Diagnosis, StartupMemory
+from pytest_vllm_mem.launch.devicelock import DeviceLockError, startup_lock
+from pytest_vllm_mem.launch.devicelock import notes as lock_notes
 from pytest_vllm_mem.launch.flagcheck import (
     FlagCheckError,
     ParserTable,
@@ -31,7 +33,9 @@ from pytest_vllm_mem.launch.server import (
     VLLMServer,
     VLLMStartupError,
     launch,
+    launch_lock_timeout_s,
 )
+from pytest_vllm_mem.launch.standins import PlannedServer, planned_or_raise
 from pytest_vllm_mem.memory import (
     DeviceError,
     DeviceInfo,
@@ -44,9 +48,12 @@ from pytest_vllm_mem.memory import (
     server_devices,
     wait_for_free_memory,
 )
+from pytest_vllm_mem.plan.memory_plan import Plan
+from pytest_vllm_mem.plan.preflight import PlanContext, SessionPlans, calibration_path, learn_from_startup, session_plan
 from pytest_vllm_mem.settings import Settings, UsageError
-from pytest_vllm_mem.tiers import Emulation, Tier, TierError, emulate_tier, resolve_tier
+from pytest_vllm_mem.tiers import BatchRule, Emulation, Tier, TierError, emulate_tier, resolve_tier
 from pytest_vllm_mem.units import GIB, format_bytes
+from pytest_vllm_mem.versions import default_utilization
 
 TINY_MODEL = "tiny"
 # Flags that describe a model's checkpoint, not how it is served: meaningless for the model that replaces it.
@@ -100,6 +107,47 @@ class ServerPool:
             self.release(next(iter(self.running)))
         ours = set().union(*(process_tree(server.pid) for server in self.running.values()))
         devices = self.devices_for(launched) if self.devices_for is not None else None
+
+        def _advise(diagnosis: Diagnosis, memory: StartupMemory | None, peak: int) -> list[str]:
+            return advise(
+                diagnosis,
+                launched,
+                memory,
+                tier_bytes=advice_context.get("tier_bytes"),
+                peak_bytes=peak,
+                requested=config,
+            )
+
+        # The wait and the launch under one hold of the devices' startup lock: another startup must not take the
+        # memory between the check and vLLM's own (issue 23 item 5).
+        lock_on = devices or self.probe.devices
+        try:
+            with startup_lock(lock_on, launch_lock_timeout_s(self.settings, FREE_MEMORY_WAIT_S)) as waits:
+                self._wait_for_devices(config, launched, devices, ours, advice_context)
+                self.startups += 1
+                try:
+                    server = launch(
+                        config, launched, self.settings, self.probe, advise=_advise, devices=devices, locked=True
+                    )
+                except VLLMStartupError as error:
+                    self.failed[launched] = error
+                    raise
+        except DeviceLockError as error:
+            raise ServerLaunchError(str(error)) from None
+        waited = lock_notes(waits)
+        if waited:
+            server.notes.extend(waited)
+        self.running[launched] = server
+        return server
+
+    def _wait_for_devices(
+        self,
+        config: VLLMConfig,
+        launched: VLLMConfig,
+        devices: tuple[DeviceInfo, ...] | None,
+        ours: set[int],
+        advice_context: dict[str, Any],
+    ) -> None:
         waited_from = time.monotonic()
         try:
             probe = self.probe.scoped(devices) if devices is not None else self.probe
@@ -120,18 +168,6 @@ class ServerPool:
         except NvmlError as error:
             raise ServerLaunchError(f"{error} The server was not started.") from None
 
-        def _advise(diagnosis: Diagnosis, memory: StartupMemory | None, peak: int) -> list[str]:
-            return advise(diagnosis, launched, memory, tier_bytes=advice_context.get("tier_bytes"), peak_bytes=peak)
-
-        self.startups += 1
-        try:
-            server = launch(config, launched, self.settings, self.probe, advise=_advise, devices=devices)
-        except VLLMStartupError as error:
-            self.failed[launched] = error
-            raise
-        self.running[launched] = server
-        return server
-
     def _memory_held_error(
         self,
         probe: MemoryProbe,
@@ -141,8 +177,7 @@ class ServerPool:
         context: dict[str, Any],
         waited_s: float,
     ) -> VLLMStartupError:
-        devices = getattr(probe, "devices", (probe.device,))
-        frees = getattr(probe, "free_bytes", lambda: (probe.device.total_bytes - probe.device_used_bytes(),))()
+        devices, frees = probe.devices, probe.free_bytes()
         # vLLM checks every GPU of the server; the fullest one is the one that refuses.
         free, device = min(zip(frees, devices), key=lambda pair: pair[0])
         where = device.name if len(devices) == 1 else f"{device.label} ({device.name}, the fullest of {len(devices)})"
@@ -166,7 +201,7 @@ class ServerPool:
             launched,
             None,
             StartupOutcome(False, diagnosis.kind, waited_s, 0),
-            advise(diagnosis, launched, None, tier_bytes=context.get("tier_bytes")),
+            advise(diagnosis, launched, None, tier_bytes=context.get("tier_bytes"), requested=config),
             config=config,
         )
 
@@ -192,10 +227,9 @@ class Session:
         self._probe: MemoryProbe | None = None
         self._pool: ServerPool | None = None
         self._parser: ParserTable | None = None
+        self._batch_rule: Any = None  # plan.batch_rule.BatchRule read from vLLM's source; False: unreadable
         # Plans of launched configs (preflight.session_plan), for the report and the next plan's calibration.
-        self.plans: dict[VLLMConfig, dict[str, Any]] = {}
-        self.plan_objects: dict[VLLMConfig, tuple[Any, ...]] = {}  # (Plan, calibration key, planned config, replan)
-        self.calibrations: dict[str, Any] = {}  # calibration.Calibration by calibration key
+        self.plans = SessionPlans()
         # A flag pre-check skipped under -W error: the warning could not be raised, the adapter shows it instead.
         self.unwarned: list[str] = []
         self.tier_text = settings.vllm_gpu
@@ -316,19 +350,95 @@ class Session:
             )
         launched = VLLMConfig(self.resolve_model(model), env=config.env, **flags)
         default_utilization = self.default_utilization()  # vLLM's flag table first: a broken --vllm-python stops here
-        launched, emulation = emulate_tier(launched, self.tier, self.device_total_now(launched), default_utilization)
+        launched, emulation = emulate_tier(
+            launched, self.tier, self.device_total_now(launched), default_utilization, self.batch_rule()
+        )
         if emulation is not None:
             notes.append(emulation.describe())
         return launched, emulation, notes
 
-    def default_utilization(self) -> float:
-        """The gpu_memory_utilization vLLM uses when a config sets none (its parser's default; 0.9 when unread)."""
-        value = self.parser_table.default("gpu_memory_utilization", 0.9)
-        return float(value) if isinstance(value, (int, float, str)) else 0.9
+    def batch_rule(self) -> BatchRule | None:
+        """vLLM's batch defaults by device size (GPUs only): read from the server interpreter's vLLM source where it
+        can be, else batch_defaults' table for its release. The smallest of a server's GPUs names the device."""
+        if self.device.backend != "cuda":
+            return None
+        if self._batch_rule is None:
+            from pytest_vllm_mem.launch.flagcheck import vllm_package_dir
+            from pytest_vllm_mem.plan.batch_rule import rule_from_source
 
-    def start(self, config: VLLMConfig) -> VLLMServer:
-        """Start (or reuse) the server for `config`; VLLMStartupError when it does not come up."""
-        launched, _emulation, notes = self.launched_config(config)
+            package = vllm_package_dir(self.settings.vllm_python)
+            try:
+                text = (package / "engine" / "arg_utils.py").read_text() if package is not None else ""
+            except OSError:
+                text = ""
+            self._batch_rule = (rule_from_source(text, str(package)) if text else None) or False
+        rule = self._batch_rule or None
+        name, version = self.device.name, self.parser_table.version
+
+        def defaults(device_bytes: int) -> tuple[int, int]:
+            from pytest_vllm_mem.plan.batch_rule import defaults_for
+
+            # The card itself is known by name (an A100 keeps the small defaults); a tier's card is only a size.
+            chosen = defaults_for(
+                device_bytes, name if device_bytes >= self.device.total_bytes else "", rule, vllm_version=version
+            )
+            return chosen.max_num_batched_tokens, chosen.max_num_seqs
+
+        return defaults
+
+    def default_utilization(self) -> float:
+        """The gpu_memory_utilization vLLM uses when a config sets none: its parser's default, else its release's."""
+        fallback = default_utilization(self.parser_table.version)
+        value = self.parser_table.default("gpu_memory_utilization", fallback)
+        return float(value) if isinstance(value, (int, float, str)) else fallback
+
+    def plan(self, config: VLLMConfig, launched: VLLMConfig) -> Plan | None:
+        """The plan of `launched` (what runs for `config`) on this session's device and tier, kept in self.plans;
+        None when the model cannot be planned."""
+        context = PlanContext(
+            device=self.device,
+            tier=self.tier,
+            vllm_version=self.parser_table.version,
+            default_utilization=self.default_utilization(),
+            device_total=self.device_total_now,
+            calibration_file=calibration_path(self.settings.vllm_baseline),
+            preflight=self.settings.vllm_preflight,
+            model_override=self.settings.vllm_model_override,
+        )
+        return session_plan(self.plans, context, config, launched)
+
+    @property
+    def preflight(self) -> bool:
+        """--vllm-preflight: configs are planned, no server starts."""
+        return self.settings.vllm_preflight
+
+    def start(self, config: VLLMConfig) -> VLLMServer | PlannedServer:
+        """Start (or reuse) the server for `config`; VLLMStartupError when it does not come up. Under
+        --vllm-preflight a PlannedServer (nothing runs), or the predicted VLLMStartupError."""
+        if not self.preflight:
+            return self.launch(config)
+        launched, _emulation, notes = self._checked_launch(config)
+        return planned_or_raise(self.plans, config, launched, self.plan(config, launched), notes)
+
+    def launch(self, config: VLLMConfig) -> VLLMServer:
+        """Start (or reuse) a real server for `config`, whatever --vllm-preflight says (the tuner's trials)."""
+        launched, _emulation, notes = self._checked_launch(config)
+        utilization = float(launched.flag("gpu_memory_utilization", self.default_utilization()))
+        context = {"tier_bytes": self.tier.bytes, "requested_bytes": int(utilization * self.device_total_now(launched))}
+        self.plan(config, launched)
+        server = self.pool.acquire(config, launched, context)
+        peak = server.startup.peak_memory_bytes if server.startup else None
+        store = calibration_path(self.settings.vllm_baseline) if self.settings.vllm_update_baseline else None
+        learn_from_startup(self.plans, launched, server.memory, peak, store)
+        for note in notes:
+            if note not in server.notes:
+                server.notes.append(note)
+        return server
+
+    def _checked_launch(self, config: VLLMConfig) -> tuple[VLLMConfig, Emulation | None, list[str]]:
+        """launched_config(config), refused with a bad_flag VLLMStartupError when vLLM would reject its flags or its
+        local model folder is missing."""
+        launched, emulation, notes = self.launched_config(config)
         problems = flag_problems(launched, self.parser_table)
         model_problem = missing_model_folder(launched.model)
         if model_problem:
@@ -343,19 +453,7 @@ class Session:
                 advise(diagnosis, launched, None),
                 config=config,
             )
-        utilization = float(launched.flag("gpu_memory_utilization", self.default_utilization()))
-        context = {"tier_bytes": self.tier.bytes, "requested_bytes": int(utilization * self.device_total_now(launched))}
-        from pytest_vllm_mem.plan.preflight import learn_from_startup, planned_or_raise, session_plan
-
-        planned = session_plan(self, config, launched)
-        if getattr(self.settings, "vllm_preflight", False):
-            return planned_or_raise(self, config, launched, planned, notes)  # type: ignore[return-value]
-        server = self.pool.acquire(config, launched, context)
-        learn_from_startup(self, launched, server.memory, server.startup.peak_memory_bytes if server.startup else None)
-        for note in notes:
-            if note not in server.notes:
-                server.notes.append(note)
-        return server
+        return launched, emulation, notes
 
     def close(self) -> None:
         if self._pool is not None:

@@ -18,11 +18,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypedDict
+from typing import Protocol
 
 import psutil
 import requests
 
+from pytest_vllm_mem.baseline.results import StartupRecord
 from pytest_vllm_mem.config import VLLMConfig, is_secret_key
 from pytest_vllm_mem.diagnosis.advice import render_steps
 from pytest_vllm_mem.diagnosis.diagnose import (
@@ -38,8 +39,8 @@ from pytest_vllm_mem.launch.compile_cache import compile_cache_env, note_aot_loa
 from pytest_vllm_mem.launch.devicelock import DeviceLockError, startup_lock
 from pytest_vllm_mem.launch.devicelock import notes as lock_notes
 from pytest_vllm_mem.launch.lifeline import in_session, is_alive, is_resource_tracker, kill, lifeline
+from pytest_vllm_mem.launch.watch import watch_startup
 from pytest_vllm_mem.memory import DeviceInfo, MemoryProbe, MemorySampler, NvmlError
-from pytest_vllm_mem.progress import watch_startup
 from pytest_vllm_mem.versions import LAUNCHER_MODULE, launch_argv
 
 SERVER_MODULE = LAUNCHER_MODULE  # in every server's command line: `python -c LAUNCHER serve MODEL ...` (versions.py)
@@ -59,16 +60,6 @@ class LaunchSettings:
     health_poll_s: float = 0.25
 
 
-class StartupRecord(TypedDict):
-    """StartupOutcome as a test record and the results JSON keep it."""
-
-    ok: bool
-    kind: str
-    duration_s: float
-    peak_memory_bytes: int
-    peak_memory_per_gpu: list[int]
-
-
 @dataclass(frozen=True)
 class StartupOutcome:
     ok: bool
@@ -85,6 +76,32 @@ class StartupOutcome:
             "peak_memory_bytes": self.peak_memory_bytes,
             "peak_memory_per_gpu": list(self.peak_memory_per_gpu),
         }
+
+
+class Server(Protocol):
+    """What the vllm_server fixture returns: a running VLLMServer, a standins.FailedServer (its startup failed:
+    every member raises that VLLMStartupError) or a standins.PlannedServer (--vllm-preflight: nothing runs)."""
+
+    @property
+    def config(self) -> VLLMConfig: ...
+    @property
+    def launched(self) -> VLLMConfig: ...
+    @property
+    def url(self) -> str: ...
+    @property
+    def model_name(self) -> str: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def startup(self) -> StartupOutcome | None: ...
+    @property
+    def memory(self) -> StartupMemory | None: ...
+    @property
+    def notes(self) -> list[str]: ...
+    @property
+    def log_path(self) -> Path | None: ...
+    def alive(self) -> bool: ...
+    def log_text(self) -> str: ...
 
 
 class VLLMStartupError(Exception):
@@ -190,6 +207,10 @@ class VLLMServer:
         and a pool that checks alive() could hand the broken server to the next test.
         """
         return self.process.poll() is None and all(is_alive(proc) for proc in self.engine_processes)
+
+    def peak_between(self, since: float) -> int:
+        """The server's memory peak sampled since `since` (time.monotonic()): the running peak progress shows."""
+        return self.sampler.peak_between(since)
 
     def log_text(self) -> str:
         """The server's log so far, with the config's secret values masked: every diagnosis, failure message and
@@ -326,6 +347,9 @@ def free_port() -> int:
 def server_env(config: VLLMConfig, settings: LaunchSettings) -> dict[str, str]:
     """The user's environment plus what the config sets; compile caches in the cache root unless the user chose."""
     env = dict(os.environ)
+    # CUDA numbers GPUs fastest first unless told otherwise; the plugin resolves, measures and waits on them in
+    # NVML's PCI bus order: numeric CUDA_VISIBLE_DEVICES must mean the same GPUs to both (a mixed host differs).
+    env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     env.update(compile_cache_env(settings.cache_root, settings.vllm_version, {**env, **config.env}))
     env.update(config.env)
     env["PYTHONUNBUFFERED"] = "1"
@@ -357,6 +381,11 @@ def _port_was_taken(error: VLLMStartupError) -> bool:
     return error.kind == "crash" and any(_PORT_TAKEN in line for line in error.diagnosis.root_cause)
 
 
+def launch_lock_timeout_s(settings: LaunchSettings, free_wait_s: float = 60.0) -> float:
+    """How long to wait for a device's startup lock: another holder's startup, stop and free-memory wait."""
+    return settings.startup_timeout_s + settings.stop_grace_s + free_wait_s + 60
+
+
 def launch(
     config: VLLMConfig,
     launched: VLLMConfig,
@@ -364,8 +393,13 @@ def launch(
     probe: MemoryProbe,
     advise: Advise | None = None,
     devices: Sequence[DeviceInfo] | None = None,
+    *,
+    locked: bool = False,
 ) -> VLLMServer:
     """Start `launched` and wait until /health answers 200. Raises VLLMStartupError with the classified cause.
+
+    `locked`: the caller holds the devices' startup lock (it waited for free memory under it, launch_lock_timeout_s);
+    otherwise launch takes it.
 
     `advise(diagnosis, startup_memory, peak_bytes) -> list[str]` turns a failure into next steps (optional).
     `devices`: the server's devices (all GPUs it uses); it is then measured through a probe of its own over them
@@ -375,12 +409,12 @@ def launch(
     for attempt in range(1, PORT_ATTEMPTS + 1):
         try:
             # One startup at a time per device, machine-wide: concurrent ones mis-size each other's KV cache.
-            with startup_lock(
-                devices or getattr(probe, "devices", None) or (probe.device,),
-                settings.startup_timeout_s + settings.stop_grace_s + 60,
-            ) as waits:
+            if locked:
                 server = _launch_once(config, launched, settings, probe, advise, devices)
-            taken += lock_notes(waits)
+            else:
+                with startup_lock(devices or probe.devices, launch_lock_timeout_s(settings)) as waits:
+                    server = _launch_once(config, launched, settings, probe, advise, devices)
+                taken += lock_notes(waits)
         except DeviceLockError as error:
             raise ServerLaunchError(str(error)) from None
         except VLLMStartupError as error:
@@ -404,6 +438,18 @@ def _launch_once(
     advise: Advise | None = None,
     devices: Sequence[DeviceInfo] | None = None,
 ) -> VLLMServer:
+    """One startup of `launched`: spawned, then waited for until healthy (or its failure raised, classified)."""
+    return _await_startup(_spawn(config, launched, settings, probe, devices), settings, advise)
+
+
+def _spawn(
+    config: VLLMConfig,
+    launched: VLLMConfig,
+    settings: LaunchSettings,
+    probe: MemoryProbe,
+    devices: Sequence[DeviceInfo] | None,
+) -> VLLMServer:
+    """Start the server process on a free port, its log, lifeline and memory sampler with it; not yet healthy."""
     port = free_port()
     argv = [
         *launch_argv(settings.python, launched.model, launched.flag_args()),
@@ -462,6 +508,13 @@ def _launch_once(
     )
     with _LIVE_LOCK:
         _LIVE[process.pid] = server
+    return server
+
+
+def _await_startup(server: VLLMServer, settings: LaunchSettings, advise: Advise | None) -> VLLMServer:
+    """Wait for `server` to become healthy, shown live; its startup measured from the log and the sampler. A failed
+    startup stops the server and raises the classified VLLMStartupError."""
+    sampler, started_at = server.sampler, server.started_at
     watch = watch_startup(server)  # live progress from the log, when the pytest adapter observes this startup
     try:
         diagnosis = _wait_healthy(server, settings, watch.poll)
@@ -475,14 +528,17 @@ def _launch_once(
     note_aot_load_failure(settings.cache_root, settings.vllm_version, startup_log)
     memory = parse_startup_memory(startup_log)
     peak = sampler.peak_between(started_at)
-    per_gpu = sampler.device_peaks_between(started_at) if server_probe.device.backend == "cuda" else ()
+    per_gpu = sampler.device_peaks_between(started_at) if server.device.backend == "cuda" else ()
     missed = sampler.missed_note()
     if missed:
         server.notes.append(f"startup: {missed}")
+    attribution = sampler.attribution_note()
+    if attribution:
+        server.notes.append(f"startup memory attribution uncertain: {attribution}")
     if diagnosis is None:
         server.startup = StartupOutcome(True, "started", duration, peak, per_gpu)
         server.memory = memory
-        server.engine_processes = _engine_processes(process.pid)
+        server.engine_processes = _engine_processes(server.pid)
         sampler.mark("healthy")
         watch.finish(server.startup, memory)
         return server
@@ -490,7 +546,9 @@ def _launch_once(
     outcome = StartupOutcome(False, diagnosis.kind, duration, peak, per_gpu)
     watch.finish(outcome, memory)
     advice = advise(diagnosis, memory, peak) if advise else []
-    raise VLLMStartupError(diagnosis, launched, log_path, outcome, advice, config=config, server=server, memory=memory)
+    raise VLLMStartupError(
+        diagnosis, server.launched, server.log_path, outcome, advice, config=server.config, server=server, memory=memory
+    )
 
 
 def _wait_healthy(

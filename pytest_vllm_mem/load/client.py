@@ -20,8 +20,9 @@ from typing import Any, Literal, get_args
 
 import aiohttp
 
+from pytest_vllm_mem.baseline.summary import SAMPLES_KEY, latency_summary, to_us
 from pytest_vllm_mem.diagnosis.diagnose import Diagnosis
-from pytest_vllm_mem.progress import watch_load
+from pytest_vllm_mem.progress import LoadEnded, watch_load
 
 # Why one request failed (a request failure is data in LoadResult.errors, never a failure kind of the server).
 RequestErrorKind = Literal["http_4xx", "http_5xx", "connection", "timeout", "stream", "aborted"]
@@ -146,13 +147,13 @@ class Percentiles:
     @classmethod
     def of(cls, values_s: list[float]) -> Percentiles:
         """Summarize latencies given in seconds, as vllm bench does (`np.percentile(values or 0, p) * 1000`)."""
-        import numpy as np
+        return cls.of_us(to_us(values_s))
 
-        if not values_s:
-            return cls(0.0, 0.0, 0.0, 0.0)
-        ms = np.asarray(values_s, dtype=float) * 1000.0
-        p50, p90, p99 = np.percentile(ms, (50, 90, 99))
-        return cls(float(ms.mean()), float(p50), float(p90), float(p99))
+    @classmethod
+    def of_us(cls, samples_us: list[int]) -> Percentiles:
+        """Summarize whole-microsecond samples: the form the results file keeps, so a summary recomputed from it
+        (baseline/summary.py, the shard merge) is the same figure."""
+        return cls(**latency_summary(samples_us))
 
     def to_dict(self) -> dict[str, float]:
         return {"mean": self.mean, "p50": self.p50, "p90": self.p90, "p99": self.p99}
@@ -197,6 +198,9 @@ class LoadResult:
     advice: list[str] = field(default_factory=list)  # next steps for that failure
     # CPU backend only: the CPU seconds the server's processes spent during the load (None: not measured).
     server_cpu_s: float | None = None
+    # The raw per-request latencies behind ttft..e2el, whole microseconds (baseline/summary.py LATENCIES), so that
+    # percentiles over several loads or CI shards are recomputed from requests, never averaged.
+    samples_us: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def cpu_ms_per_token(self) -> float | None:
@@ -210,6 +214,20 @@ class LoadResult:
     def ok(self) -> bool:
         """Every request completed, none failed, the server outlived the load and logged no memory error."""
         return self.completed == self.num_prompts and self.failed == 0 and self.server_alive and self.failure is None
+
+    def ended_event(self, test_id: str, number: int) -> LoadEnded:
+        """The progress event of this load's end: the figures the results JSON keeps."""
+        return LoadEnded(
+            test_id,
+            number,
+            self.completed,
+            self.failed,
+            self.num_prompts,
+            self.duration_s,
+            self.output_throughput,
+            self.peak_memory_bytes or 0,
+            self.ok,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -236,6 +254,7 @@ class LoadResult:
             "advice": list(self.advice),
             "server_cpu_s": self.server_cpu_s,
             "cpu_ms_per_token": self.cpu_ms_per_token,
+            SAMPLES_KEY: {name: list(values) for name, values in self.samples_us.items()},
         }
 
 
@@ -533,6 +552,7 @@ def _summarize(load: _Load, spec: LoadSpec, duration: float) -> LoadResult:
         itls.extend(record.itl)
         if out > 1:
             tpots.append((record.latency - record.ttft) / (out - 1))
+    samples = {"ttft": to_us(ttfts), "tpot": to_us(tpots), "itl": to_us(itls), "e2el": to_us(e2els)}
     return LoadResult(
         num_prompts=spec.num_prompts,
         concurrency=spec.concurrency,
@@ -545,10 +565,11 @@ def _summarize(load: _Load, spec: LoadSpec, duration: float) -> LoadResult:
         output_throughput=output_tokens / duration,
         total_output_tokens=output_tokens,
         total_input_tokens=input_tokens,
-        ttft=Percentiles.of(ttfts),
-        tpot=Percentiles.of(tpots),
-        itl=Percentiles.of(itls),
-        e2el=Percentiles.of(e2els),
+        ttft=Percentiles.of_us(samples["ttft"]),
+        tpot=Percentiles.of_us(samples["tpot"]),
+        itl=Percentiles.of_us(samples["itl"]),
+        e2el=Percentiles.of_us(samples["e2el"]),
+        samples_us=samples,
     )
 
 
@@ -619,3 +640,25 @@ def run_load(
         watch.close()
     load.account_unfinished()
     return _summarize(load, spec, duration)
+
+
+def planned_load_result(spec: LoadSpec) -> LoadResult:
+    """What vllm_load returns under --vllm-preflight: every request of `spec` 'completed', no figures measured."""
+    zero = Percentiles(0.0, 0.0, 0.0, 0.0)
+    return LoadResult(
+        num_prompts=spec.num_prompts,
+        concurrency=spec.concurrency,
+        request_rate=spec.request_rate,
+        completed=spec.num_prompts,
+        failed=0,
+        errors=[],
+        duration_s=0.0,
+        request_throughput=0.0,
+        output_throughput=0.0,
+        total_output_tokens=0,
+        total_input_tokens=0,
+        ttft=zero,
+        tpot=zero,
+        itl=zero,
+        e2el=zero,
+    )

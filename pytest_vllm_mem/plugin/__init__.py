@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pytest_vllm_mem.baseline.results import RECORD_PROPERTY, TestRecord
+from pytest_vllm_mem.baseline.results import RECORD_PROPERTY
 from pytest_vllm_mem.launch.server import ServerLaunchError, VLLMStartupError, stop_all_servers
 from pytest_vllm_mem.load.client import LoadSpecError
 from pytest_vllm_mem.plan.preflight import preflight_tier
@@ -16,6 +16,7 @@ from pytest_vllm_mem.plan.preflight import preflight_tier
 # The fixtures are found on this plugin module, so they are imported here.
 from pytest_vllm_mem.plugin.fixtures import (  # noqa: F401
     LoadFailed,
+    remeasure_key,
     startup_failure_key,
     vllm_config,
     vllm_load,
@@ -23,14 +24,16 @@ from pytest_vllm_mem.plugin.fixtures import (  # noqa: F401
     vllm_start,
     vllm_tune,
 )
-from pytest_vllm_mem.plugin.gate import Gate, evaluate_record, marker_tolerances
+from pytest_vllm_mem.plugin.gate import evaluate_record, marker_tolerances, plan_suite
 from pytest_vllm_mem.plugin.interrupts import restore_sigterm, stop_servers_on_sigterm
+from pytest_vllm_mem.plugin.options import add_options, settings_from_pytest, usage_errors_to_pytest
 from pytest_vllm_mem.plugin.ordering import group_by_server_config
-from pytest_vllm_mem.plugin.report import ReportWriter
+from pytest_vllm_mem.plugin.session import PluginSession, session_key
+from pytest_vllm_mem.plugin.shard import parse_shard, split_items
 from pytest_vllm_mem.plugin.state import SessionState, state_key
+from pytest_vllm_mem.plugin.terminal import choose_mode
 from pytest_vllm_mem.plugin.workers import WorkerDeviceError, assign_worker_gpus
-from pytest_vllm_mem.progress import choose_mode
-from pytest_vllm_mem.settings import Settings, UsageError, add_options, usage_errors_to_pytest
+from pytest_vllm_mem.settings import UsageError
 from pytest_vllm_mem.tiers import TierError, device_skip_reason, parse_tier, tier_skip_reason
 
 MARKERS = [
@@ -52,19 +55,19 @@ def pytest_configure(config: pytest.Config) -> None:
 def _configure(config: pytest.Config) -> None:
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
-    settings = Settings.from_pytest(config)
+    settings = settings_from_pytest(config)
     choose_mode(settings.vllm_progress, isatty=False, worker=False)  # a bad --vllm-progress: usage error now
+    parse_shard(settings.vllm_shard)  # a bad --vllm-shard too
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: its own GPUs before any server starts
         try:
             assign_worker_gpus(config.workerinput["workerid"], settings.vllm_gpus_per_worker)
         except WorkerDeviceError as error:
             raise UsageError(str(error)) from None
     state = SessionState(settings)
-    state.gate = Gate.from_config(config, settings)  # the session's one baseline store and tolerances
+    plugin = PluginSession.build(config, state)  # the state, the gate and the report writer, in one go
     config.stash[state_key] = state
-    state.report = ReportWriter(state, config)
-    state.collector = RecordCollector()
-    config.pluginmanager.register(state.collector, "vllm-mem-collector")
+    config.stash[session_key] = plugin
+    config.pluginmanager.register(plugin, "vllm-mem-session")  # it collects the records (under xdist too)
     stop_servers_on_sigterm(config)
 
 
@@ -79,6 +82,17 @@ def _tier_marker_values(item: pytest.Item) -> tuple[str | None, str | None]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     with usage_errors_to_pytest():
         _check_markers_and_order(config, items)
+
+
+# Last, after -k/-m, other plugins' deselection and the grouping above: the shards split what would run (a
+# second implementation of the hook, so its own name; pytest registers only names that start with pytest_).
+@pytest.hookimpl(specname="pytest_collection_modifyitems", trylast=True)
+def pytest_collection_modifyitems_select_shard(config: pytest.Config, items: list[pytest.Item]) -> None:
+    shard = parse_shard(config.stash[state_key].settings.vllm_shard)
+    if shard is not None:
+        items[:], deselected = split_items(items, shard)
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
 
 
 def _check_markers_and_order(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -99,6 +113,13 @@ def _check_markers_and_order(config: pytest.Config, items: list[pytest.Item]) ->
         items[:] = group_by_server_config(items)  # type: ignore[arg-type,assignment]
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The suite's tests that run loads share the gate's false-alarm budget (plugin/gate.py)."""
+    plugin = session.config.stash.get(session_key, None)
+    if plugin is not None:
+        plan_suite(plugin.gate, session.items)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     minimum, maximum = _tier_marker_values(item)
     state = item.config.stash[state_key]
@@ -111,7 +132,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         selected, parse_tier(minimum) if minimum else None, parse_tier(maximum) if maximum else None
     )
     if not state.settings.vllm_preflight:
-        reason = reason or device_skip_reason(selected, state.device.name, state.device.total_bytes)
+        reason = reason or device_skip_reason(selected, state.device.name, state.device.card_bytes)  # label size
     if reason:
         pytest.skip(reason)
 
@@ -127,7 +148,9 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     state: SessionState = item.config.stash[state_key]
     record = state.records.get(item.nodeid)
     if record is not None and record.failure is None:
-        problems = evaluate_record(state, record, marker_tolerances(item), state.servers.get(item.nodeid))
+        remeasure = item.stash.get(remeasure_key, None)  # the gate's confirmation of a near-limit verdict
+        plugin = item.config.stash[session_key]
+        problems = evaluate_record(plugin, record, marker_tolerances(item), state.servers.get(item.nodeid), remeasure)
         if problems:
             pytest.fail(problems, pytrace=False)
     return result
@@ -152,7 +175,7 @@ def pytest_runtest_makereport(
         record.passed = report.passed
     server = state.servers.get(item.nodeid)  # the test's server, or the stopped one of its failed startup
     if record is not None and call.when == "teardown":
-        state.report.finish_record(record, server)
+        item.config.stash[session_key].report.finish_record(record, server)
         state.servers.pop(item.nodeid, None)  # the test is over: its server's samples need not be held for it
         item.user_properties.append((RECORD_PROPERTY, json.dumps(record.to_dict())))
         report.user_properties = list(item.user_properties)
@@ -162,37 +185,24 @@ def pytest_runtest_makereport(
     return report
 
 
-class RecordCollector:
-    """Collects records from test reports, so that under pytest-xdist the controller sees the workers' records."""
-
-    def __init__(self) -> None:
-        self.records: list[TestRecord] = []
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when != "teardown":
-            return
-        for key, value in report.user_properties:
-            if key == RECORD_PROPERTY and isinstance(value, str):
-                self.records.append(TestRecord.from_dict(json.loads(value)))
-
-
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    state: SessionState | None = session.config.stash.get(state_key, None)
-    if state is None:
+    plugin: PluginSession | None = session.config.stash.get(session_key, None)
+    if plugin is None:
         return
+    state, report = plugin.state, plugin.report
     state.close()
     state.leaked = stop_all_servers(grace_s=5.0)
-    state.report.errors.extend(state.unwarned)  # a skipped flag pre-check under -W error: said in the summary
+    report.errors.extend(state.unwarned)  # a skipped flag pre-check under -W error: said in the summary
     if not hasattr(session.config, "workerinput"):  # the controller (or a run without xdist) writes the reports
-        state.report.write_all(state.collector.records)
-        if state.report.failed and session.exitstatus == pytest.ExitCode.OK:
+        report.write_all(plugin.records)
+        if report.failed and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a results or baseline file was not written
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    state: SessionState | None = config.stash.get(state_key, None)
-    if state is not None and not hasattr(config, "workerinput"):
-        state.report.terminal_summary(terminalreporter, state.collector.records)
+    plugin: PluginSession | None = config.stash.get(session_key, None)
+    if plugin is not None and not hasattr(config, "workerinput"):
+        plugin.report.terminal_summary(terminalreporter, plugin.records)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

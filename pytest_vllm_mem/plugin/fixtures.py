@@ -4,30 +4,29 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_vllm_mem.baseline.results import TestRecord, failure_dict
 from pytest_vllm_mem.config import VLLMConfig
-from pytest_vllm_mem.launch.server import VLLMServer, VLLMStartupError
-from pytest_vllm_mem.load.client import LoadResult, LoadSpec
+from pytest_vllm_mem.launch.server import Server, VLLMServer, VLLMStartupError
+from pytest_vllm_mem.launch.standins import FailedServer, PlannedServer
+from pytest_vllm_mem.load.client import LoadResult, LoadSpec, planned_load_result
 from pytest_vllm_mem.load.measure import load_failure_message, measured_load
+from pytest_vllm_mem.plan.preflight import Unplannable, plan_record
 from pytest_vllm_mem.plugin.state import SessionState, state_key
+from pytest_vllm_mem.plugin.terminal import Renderer, pytest_renderer
 from pytest_vllm_mem.progress import (
-    LoadEnded,
     NotStarted,
     Observer,
-    Renderer,
     ServerReused,
     config_label,
     observing,
-    pytest_renderer,
     send,
 )
 
 if TYPE_CHECKING:
-    from pytest_vllm_mem.plan.preflight import PlannedServer
     from pytest_vllm_mem.tune.search import TuneResult
 
 
@@ -52,23 +51,30 @@ def _observer(request: pytest.FixtureRequest, server: VLLMServer | None = None) 
     if renderer is None:
         return None
     tier = _state(request).tier
-    return Observer(renderer, request.node.nodeid, tier.bytes, tier.name, server)
+    if server is None:
+        return Observer(renderer, request.node.nodeid, tier.bytes, tier.name)
+    return Observer(renderer, request.node.nodeid, tier.bytes, tier.name, server.peak_between, lambda: server.loads_run)
 
 
-def _start(request: pytest.FixtureRequest, config: VLLMConfig) -> VLLMServer:
-    """state.start(config), its startup shown live; a reused server, or one not started, in one line."""
+def _start(request: pytest.FixtureRequest, config: VLLMConfig) -> VLLMServer | PlannedServer:
+    """state.start(config), its startup shown live; a reused server, or one not started, in one line. A config
+    --vllm-preflight cannot plan skips the test with the reason."""
     state = _state(request)
     observer = _observer(request)
-    if observer is None:
-        return state.start(config)
-    with observing(observer):
-        try:
-            server = state.start(config)
-        except VLLMStartupError as error:
-            if observer.startups == 0:  # refused before a launch: bad flag, failed earlier, memory held
-                send(observer, NotStarted(observer.test_id, config_label(config), error.kind, error.diagnosis.summary))
-            raise
-    if observer.startups == 0:  # the pool handed out a running server
+    try:
+        if observer is None:
+            return state.start(config)
+        with observing(observer):
+            try:
+                server = state.start(config)
+            except VLLMStartupError as error:
+                if observer.startups == 0:  # refused before a launch: bad flag, failed earlier, memory held
+                    summary = error.diagnosis.summary
+                    send(observer, NotStarted(observer.test_id, config_label(config), error.kind, summary))
+                raise
+    except Unplannable as why:
+        pytest.skip(str(why))
+    if observer.startups == 0 and not isinstance(server, PlannedServer):  # the pool handed out a running server
         send(
             observer,
             ServerReused(observer.test_id, config_label(config), server.pid, time.monotonic() - server.started_at),
@@ -76,16 +82,12 @@ def _start(request: pytest.FixtureRequest, config: VLLMConfig) -> VLLMServer:
     return server
 
 
-def record_for(
-    request: pytest.FixtureRequest, server_or_error: VLLMServer | PlannedServer | VLLMStartupError
-) -> TestRecord:
+def record_for(request: pytest.FixtureRequest, server_or_error: Server | VLLMStartupError) -> TestRecord:
     """The test's record, created on first use of a server (or of a failed startup)."""
     state = _state(request)
     nodeid = request.node.nodeid
     if nodeid in state.records:
         return state.records[nodeid]
-    from pytest_vllm_mem.plan.preflight import plan_record
-
     # A server and a startup error both know what was asked for (config) and what ran (launched).
     config, launched = server_or_error.config, server_or_error.launched
     memory = server_or_error.memory
@@ -103,7 +105,7 @@ def record_for(
         startup=server_or_error.startup.to_dict() if server_or_error.startup else {},
         memory=memory.to_dict() if memory else {},
     )
-    record.plan = plan_record(state, launched, record.memory)
+    record.plan = plan_record(state.plans, launched, record.memory)
     if not isinstance(server_or_error, VLLMStartupError):
         record.notes.extend(server_or_error.notes)
     # Failed startups are plotted too: memory climbing until the OOM is the most telling timeline.
@@ -120,13 +122,13 @@ def vllm_config(request: pytest.FixtureRequest) -> VLLMConfig:
 
 
 @pytest.fixture
-def vllm_start(request: pytest.FixtureRequest) -> Callable[[VLLMConfig], VLLMServer]:
+def vllm_start(request: pytest.FixtureRequest) -> Callable[[VLLMConfig], VLLMServer | PlannedServer]:
     """start(config) -> server, raising VLLMStartupError (with .kind) when it does not come up.
 
     For tests that assert a config does NOT fit: `with pytest.raises(VLLMStartupError) as e: vllm_start(cfg)`.
     """
 
-    def start(config: VLLMConfig) -> VLLMServer:
+    def start(config: VLLMConfig) -> VLLMServer | PlannedServer:
         try:
             server = _start(request, config)
         except VLLMStartupError as error:
@@ -143,19 +145,8 @@ def vllm_start(request: pytest.FixtureRequest) -> Callable[[VLLMConfig], VLLMSer
 startup_failure_key = pytest.StashKey[VLLMStartupError]()
 
 
-class FailedServer:
-    """Stands in for a server that did not start: the test fails in its call phase (a failed test, not a setup
-    error), and any fixture that touches the server raises the same classified error."""
-
-    def __init__(self, error: VLLMStartupError) -> None:
-        self._error = error
-
-    def __getattr__(self, name: str) -> NoReturn:
-        raise self._error
-
-
 @pytest.fixture
-def vllm_server(request: pytest.FixtureRequest, vllm_config: VLLMConfig) -> VLLMServer:
+def vllm_server(request: pytest.FixtureRequest, vllm_config: VLLMConfig) -> Server:
     """A healthy server for vllm_config, reused by later tests with an equal config. A failed startup fails the test
     with its kind, root cause and next step."""
     try:
@@ -163,9 +154,13 @@ def vllm_server(request: pytest.FixtureRequest, vllm_config: VLLMConfig) -> VLLM
     except VLLMStartupError as error:
         record_for(request, error).failure = failure_dict(error.diagnosis, error.advice, error.log_path)
         request.node.stash[startup_failure_key] = error
-        return FailedServer(error)  # type: ignore[return-value]
+        return FailedServer(error)
     record_for(request, server)
     return server
+
+
+# One more run of a test's last load, for the gate's confirmation of a near-limit verdict (plugin/gate.py).
+remeasure_key = pytest.StashKey[Callable[[], bool]]()
 
 
 class LoadFailed(AssertionError):
@@ -184,20 +179,27 @@ def load_arguments(arguments: dict[str, Any]) -> tuple[LoadSpec, int]:
 
 
 @pytest.fixture
-def vllm_load(request: pytest.FixtureRequest, vllm_server: VLLMServer | PlannedServer) -> Callable[..., LoadResult]:
+def vllm_load(request: pytest.FixtureRequest, vllm_server: Server) -> Callable[..., LoadResult]:
     """load(num_prompts=100, concurrency=16, max_tokens=64, prompt_len=32, ignore_eos=True, request_rate=None,
     timeout_s=600.0, request_timeout_s=120.0, repeat=1) -> LoadResult, keywords only (the defaults are LoadSpec's).
     With repeat=N the load runs N times, all are recorded, and the run with the median output throughput is
     returned. Fails the test when the server dies or logs an out-of-memory error."""
     record = record_for(request, vllm_server)
-    from pytest_vllm_mem.plan.preflight import PlannedServer, planned_load_result
-
     if isinstance(vllm_server, PlannedServer):  # --vllm-preflight: planned, not measured; no load runs
 
         def planned(**arguments: Any) -> LoadResult:
             return planned_load_result(load_arguments(arguments)[0])  # checked as a measured load would be
 
         return planned
+    if isinstance(vllm_server, FailedServer):  # the startup failed: a load raises its error (the test fails)
+
+        def failed(**arguments: Any) -> LoadResult:
+            raise vllm_server.error
+
+        return failed
+    if not isinstance(vllm_server, VLLMServer):
+        raise TypeError(f"vllm_load needs a VLLMServer, a FailedServer or a PlannedServer, not {vllm_server!r}")
+    server = vllm_server
     # pytest-benchmark, when the test asks for its fixture: the first load call becomes its rounds (one per repeat),
     # so --benchmark-autosave/--benchmark-compare see the loads; the plugin's own gate does not depend on it.
     benchmark = request.getfixturevalue("benchmark") if "benchmark" in request.fixturenames else None
@@ -208,15 +210,15 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: VLLMServer | PlannedS
         results: list[LoadResult] = []
 
         def one_run() -> None:
-            observer = _observer(request, vllm_server)
+            observer = _observer(request, server)
             with observing(observer):  # a progress thread reads the load's counters while it runs
-                result = measured_load(vllm_server, spec)
+                result = measured_load(server, spec)
             if observer is not None:
-                send(observer, LoadEnded.of(observer.test_id, vllm_server.loads_run, result))
+                send(observer, result.ended_event(observer.test_id, server.loads_run))
             record.loads.append(result.to_dict())
             if result.failure is not None:
-                record.failure = failure_dict(result.failure, result.advice, vllm_server.log_path)
-                raise LoadFailed(load_failure_message(vllm_server, result))
+                record.failure = failure_dict(result.failure, result.advice, server.log_path)
+                raise LoadFailed(load_failure_message(server, result))
             results.append(result)
 
         if benchmark_free[0] and benchmark is not None:
@@ -225,6 +227,12 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: VLLMServer | PlannedS
         while len(results) < repeat:  # no benchmark, or it ran fewer rounds (--benchmark-disable runs one)
             one_run()
         chosen = sorted(results, key=lambda r: r.output_throughput)[len(results) // 2]
+
+        def remeasure() -> bool:
+            one_run()  # the gate's confirmation: the same load once more on this server, into the record
+            return True
+
+        request.node.stash[remeasure_key] = remeasure  # the last load's; the gate calls it at most once
         if benchmark is not None:
             benchmark.extra_info.update(serving_metrics(chosen))
         return chosen

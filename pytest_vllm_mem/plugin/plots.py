@@ -14,6 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_vllm_mem.diagnosis.diagnose import (
+    STARTUP_PHASES,
+    record_stamp,
+    startup_milestone,
+    strip_ansi,
+    strip_log_prefix,
+)
 from pytest_vllm_mem.units import GIB
 
 if TYPE_CHECKING:
@@ -70,16 +77,15 @@ def phase_windows(markers: list[tuple[str, float]], origin: float, last: float) 
 # -- where vLLM's startup steps happened, from its log --------------------------------------------------------------
 
 # vLLM prints how long steps took, not when they started; but every log line carries a wall-clock stamp
-# (`INFO 11-30 04:58:57 [file.py:1] ...`, local time, 1 s resolution), which places the line itself.
-_STAMP = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+(\d\d)-(\d\d)\s+(\d\d):(\d\d):(\d\d)\b")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-LOG_EVENTS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("weights loading", re.compile(r"Starting to load model")),
-    ("weights loaded", re.compile(r"Model loading took|Loading weights took|Loading model weights took")),
-    ("KV cache sized", re.compile(r"Available KV cache memory|GiB for KV cache")),
-    ("graphs captured", re.compile(r"Graph capturing finished")),
-    ("engine ready", re.compile(r"init engine \(profile, create kv cache, warmup model\) took")),
-)
+# (`INFO 11-30 04:58:57 [file.py:1] ...`, local time, 1 s resolution), which places the line itself. Which line is
+# which step is diagnosis' reading (startup_milestone): the plot names the step each milestone ends.
+LOG_EVENTS: dict[str, str] = {  # startup phase that begins at the line -> the plot's label of that line
+    "loading the weights": "weights loading",
+    "profiling memory (compile and dummy forward pass)": "weights loaded",
+    "allocating the KV cache": "KV cache sized",
+    "warming up": "graphs captured",
+    "starting the API server": "engine ready",
+}
 
 
 def log_event_times(log_text: str, launch_wall: float) -> dict[str, float]:
@@ -91,21 +97,22 @@ def log_event_times(log_text: str, launch_wall: float) -> dict[str, float]:
     """
     year = time.localtime(launch_wall).tm_year
     events: dict[str, float] = {}
-    for line in _ANSI.sub("", log_text).splitlines():
-        for name, pattern in LOG_EVENTS:
-            if name in events or not pattern.search(line):
-                continue
-            stamp = _STAMP.search(line)
-            if not stamp:
-                continue
-            month, day, hour, minute, second = (int(g) for g in stamp.groups())
-            try:
-                wall = time.mktime((year, month, day, hour, minute, second, 0, 0, -1)) + 0.5
-            except (OverflowError, ValueError):
-                continue
-            offset = wall - launch_wall
-            if -1.0 <= offset <= 86_400:
-                events[name] = max(offset, 0.0)
+    for line in log_text.splitlines():
+        index = startup_milestone(strip_log_prefix(strip_ansi(line)))
+        name = LOG_EVENTS.get(STARTUP_PHASES[index]) if index is not None else None
+        if name is None or name in events:
+            continue
+        stamp = record_stamp(line)
+        if stamp is None:
+            continue
+        month, day, hour, minute, second = (int(part) for part in re.split(r"[-: ]+", stamp))
+        try:
+            wall = time.mktime((year, month, day, hour, minute, second, 0, 0, -1)) + 0.5
+        except (OverflowError, ValueError):
+            continue
+        offset = wall - launch_wall
+        if -1.0 <= offset <= 86_400:
+            events[name] = max(offset, 0.0)
     return events
 
 
@@ -204,35 +211,9 @@ def plot_timeline(
     healthy = next((t - origin for label, t in markers if label == "healthy"), None)
     end = max(last - origin, 1.0)
     split = bool(samples) and healthy is not None and samples[-1][0] - origin - healthy > 0.5
-    grid = figure.add_gridspec(1, 3 if split else 2, width_ratios=(1.2, 1.3, 0.8) if split else (2.5, 0.8), wspace=0.0)
-    panels = [figure.add_subplot(grid[0, 0])]
-    if split:
-        panels.append(figure.add_subplot(grid[0, 1], sharey=panels[0]))
-    side = figure.add_subplot(grid[0, -1])
-    side.axis("off")
-
-    panels[0].set_ylabel(y_label, fontsize=10)
-    for axes in panels:
-        axes.tick_params(labelsize=9)
-        axes.grid(True, color="#e6e6e6", linewidth=0.8)
-        axes.set_axisbelow(True)
-    figure.supxlabel("seconds since launch", fontsize=10, x=0.4)
-
+    panels, side = _panels(figure, split, y_label)
     if not samples:
-        axes = panels[0]
-        axes.text(
-            0.5,
-            0.5,
-            "no samples: the memory sampler recorded nothing for this server",
-            transform=axes.transAxes,
-            ha="center",
-            va="center",
-            fontsize=11,
-            color="#7f7f7f",
-        )
-        axes.set_xlim(0, end)
-        axes.set_ylim(0, 1)
-        axes.set_yticks([])
+        _say_no_samples(panels[0], end)
     else:
         timeline = _timeline(samples, markers, origin, last, tier_bytes, tier_label, phases or {})
         if split and healthy is not None:  # split implies healthy; said again for the type checker
@@ -243,19 +224,60 @@ def plot_timeline(
             _draw_panel(panels[0], timeline, 0.0, end * 1.01, startup_panel=None)
         _mark_peak(panels, timeline)
         if timeline.tier_gib is not None and not timeline.tier_on_scale:
-            side.text(
-                0.0,
-                0.02,
-                f"{timeline.tier_text}\n= {timeline.tier_gib:.2f} GiB, far above this\n"
-                f"scale: the peak is {_share(max(timeline.ys), timeline.tier_gib)} of it",
-                transform=side.transAxes,
-                ha="left",
-                va="bottom",
-                fontsize=9,
-                color=TIER_COLOR,
-            )
-
+            _note_tier_off_scale(side, timeline, timeline.tier_gib)
     _draw_side_panel(side, breakdown or {}, samples, phases or {})
+    return _save_png(figure, path)
+
+
+def _panels(figure: Any, split: bool, y_label: str) -> tuple[list[Any], Any]:
+    """The plot's panels (startup and serving side by side when `split`, else one) and the side column."""
+    grid = figure.add_gridspec(1, 3 if split else 2, width_ratios=(1.2, 1.3, 0.8) if split else (2.5, 0.8), wspace=0.0)
+    panels = [figure.add_subplot(grid[0, 0])]
+    if split:
+        panels.append(figure.add_subplot(grid[0, 1], sharey=panels[0]))
+    side = figure.add_subplot(grid[0, -1])
+    side.axis("off")
+    panels[0].set_ylabel(y_label, fontsize=10)
+    for axes in panels:
+        axes.tick_params(labelsize=9)
+        axes.grid(True, color="#e6e6e6", linewidth=0.8)
+        axes.set_axisbelow(True)
+    figure.supxlabel("seconds since launch", fontsize=10, x=0.4)
+    return panels, side
+
+
+def _say_no_samples(axes: Any, end: float) -> None:
+    axes.text(
+        0.5,
+        0.5,
+        "no samples: the memory sampler recorded nothing for this server",
+        transform=axes.transAxes,
+        ha="center",
+        va="center",
+        fontsize=11,
+        color="#7f7f7f",
+    )
+    axes.set_xlim(0, end)
+    axes.set_ylim(0, 1)
+    axes.set_yticks([])
+
+
+def _note_tier_off_scale(side: Any, timeline: _Timeline, tier_gib: float) -> None:
+    """A tier far above the peak is named in the side column instead of squashing the curve."""
+    side.text(
+        0.0,
+        0.02,
+        f"{timeline.tier_text}\n= {tier_gib:.2f} GiB, far above this\n"
+        f"scale: the peak is {_share(max(timeline.ys), tier_gib)} of it",
+        transform=side.transAxes,
+        ha="left",
+        va="bottom",
+        fontsize=9,
+        color=TIER_COLOR,
+    )
+
+
+def _save_png(figure: Any, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Tests sharing a server rewrite the same file: write aside, then replace, so a reader never sees half a PNG.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -559,7 +581,7 @@ def plot_record(record: TestRecord, server: VLLMServer | None, plots_dir: Path) 
     Raises ImportError with the install command when matplotlib is missing, ValueError when there is no server.
     """
     _import_matplotlib()  # fail before any work, with the clear message
-    if server is None or getattr(server, "sampler", None) is None:
+    if server is None:
         raise ValueError(
             f"plot_record: the record of {record.test_id} has no server timeline to plot (pass the VLLMServer it used)."
         )
@@ -573,9 +595,9 @@ def plot_record(record: TestRecord, server: VLLMServer | None, plots_dir: Path) 
         healthy = next((t for label, t in markers if label == "healthy"), None)
         if healthy is not None:  # a stamp after healthy is from a later line (or a clock change): not startup
             phases = {name: x for name, x in phases.items() if x <= healthy - launch + 1.0}
-        phases = {_with_duration(name, getattr(server, "memory", None)): x for name, x in phases.items()}
+        phases = {_with_duration(name, server.memory): x for name, x in phases.items()}
     config = server.config
-    launched = getattr(server, "launched", config)
+    launched = server.launched
     # Tier emulation and overrides change flags: show only what differs from what the test asked for.
     changed = [flag for flag in launched.short_id().split(" ") if flag not in config.short_id().split(" ")]
     ran = f"   (ran with {' '.join(changed)})" if changed else ""
@@ -594,6 +616,6 @@ def plot_record(record: TestRecord, server: VLLMServer | None, plots_dir: Path) 
         tier_bytes=record.tier_bytes or None,
         tier_label=record.tier or None,
         phases=phases,
-        breakdown=startup_breakdown(getattr(server, "memory", None)),
+        breakdown=startup_breakdown(server.memory),
         y_label=y_label,
     )

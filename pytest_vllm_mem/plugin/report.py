@@ -3,24 +3,22 @@ updates at session end. A results, markdown or baseline file that cannot be writ
 
 from __future__ import annotations
 
-import json
 import os
 import platform
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
-
-import pytest
+from typing import Any, Protocol
 
 from pytest_vllm_mem.baseline.results import TestRecord
 from pytest_vllm_mem.baseline.store import BaselineError
+from pytest_vllm_mem.baseline.summary import dumps_results, results_summary
+from pytest_vllm_mem.launch.server import VLLMServer
+from pytest_vllm_mem.memory import DeviceInfo
 from pytest_vllm_mem.plan.preflight import kv_cell
+from pytest_vllm_mem.plugin.gate import Gate
 from pytest_vllm_mem.units import format_bytes, format_quantity
-
-if TYPE_CHECKING:
-    from pytest_vllm_mem.launch.server import VLLMServer
-    from pytest_vllm_mem.plugin.state import SessionState
 
 
 class Terminal(Protocol):
@@ -246,10 +244,40 @@ def markdown_table(records: list[TestRecord], header: str, relative_to: Path | N
     return "\n".join(lines) + "\n"
 
 
+@dataclass(frozen=True)
+class RunFacts:
+    """What the session knows of where it ran, read when a report is written."""
+
+    device: DeviceInfo | None  # None: no server was prepared in this process (e.g. a pytest-xdist controller)
+    tier: str  # the tier's name; without a device, the --vllm-gpu text
+    vllm_version: str | None
+    leaked: tuple[int, ...] = ()  # pids of servers still running at session end (stopped then)
+
+
+class ReportSettings(Protocol):
+    """The settings the report writer reads (Settings has them)."""
+
+    @property
+    def vllm_baseline(self) -> Path: ...
+    @property
+    def vllm_update_baseline(self) -> bool: ...
+    @property
+    def vllm_results(self) -> Path | None: ...
+    @property
+    def vllm_markdown(self) -> Path | None: ...
+    @property
+    def vllm_plots(self) -> Path | None: ...
+
+
 class ReportWriter:
-    def __init__(self, state: SessionState, config: pytest.Config) -> None:
-        self.state = state
-        self.config = config
+    """Writes the session's reports. Handed what it needs (pytest-benchmark's style): the settings, the gate, the
+    rootdir, and `facts`, read at write time, for the device, tier, vLLM version and leaked servers."""
+
+    def __init__(self, settings: ReportSettings, gate: Gate, rootpath: Path, facts: Callable[[], RunFacts]) -> None:
+        self.settings = settings
+        self.gate = gate
+        self.rootpath = rootpath
+        self.facts = facts
         self.baseline_written: int | None = None
         self.errors: list[str] = []  # files the run was asked for and did not get: they fail the run
         self.warnings: list[str] = []  # extras that went wrong (plots, the CI step summary): shown, not fatal
@@ -261,46 +289,42 @@ class ReportWriter:
         return bool(self.errors)
 
     def header(self, records: list[TestRecord] | None = None) -> str:
-        state = self.state
-        if state.known_device is None:
+        facts = self.facts()
+        device = facts.device
+        if device is None:
             if not records:
                 return "no server started"
             # The pytest-xdist controller started no server: its workers' records say where they ran.
             first = records[0]
             return f"tier {first.tier}, {first.backend} device {first.device}, vLLM {first.vllm_version}"
-        device = state.device
         return (
-            f"tier {state.tier.name}, {device.backend} device {device.name} "
-            f"({format_bytes(device.total_bytes)}), vLLM {state.known_vllm_version or 'unknown'}"
+            f"tier {facts.tier}, {device.backend} device {device.name} "
+            f"({format_bytes(device.total_bytes)}), vLLM {facts.vllm_version or 'unknown'}"
         )
 
     def finish_record(self, record: TestRecord, server: VLLMServer | None) -> None:
         """Per-test work at teardown (plots of the timeline of the test's server)."""
-        if self.state.settings.vllm_plots and server is not None:
+        if self.settings.vllm_plots and server is not None:
             from pytest_vllm_mem.plugin.plots import plot_record
 
             try:
-                record.plot = str(plot_record(record, server, self.state.settings.vllm_plots))
+                record.plot = str(plot_record(record, server, self.settings.vllm_plots))
             except ImportError:
                 message = "--vllm-plots needs matplotlib: pip install 'pytest-vllm-mem[plots]'"
                 if message not in self.warnings:
                     self.warnings.append(message)
             except (ValueError, OSError) as error:
-                self.warnings.append(
-                    f"--vllm-plots {self.state.settings.vllm_plots}: no plot for {record.test_id}: {error}"
-                )
+                self.warnings.append(f"--vllm-plots {self.settings.vllm_plots}: no plot for {record.test_id}: {error}")
 
     def write_all(self, records: list[TestRecord]) -> None:
-        settings = self.state.settings
+        settings = self.settings
         if settings.vllm_update_baseline:
             try:
-                self.baseline_written = self.state.gate.update(records, self.config.rootpath)
+                self.baseline_written = self.gate.update(records, self.rootpath)
             except BaselineError as error:
                 self.errors.append(str(error))
         if settings.vllm_results:
-            self._write(
-                settings.vllm_results, json.dumps(self.results_document(records), indent=2) + "\n", "--vllm-results"
-            )
+            self._write(settings.vllm_results, dumps_results(self.results_document(records)), "--vllm-results")
         markdown_dir = settings.vllm_markdown.parent if settings.vllm_markdown else None
         upgrade = upgrade_markdown(records)
         markdown = markdown_table(records, self.header(records), markdown_dir) if records else ""
@@ -317,25 +341,24 @@ class ReportWriter:
 
     def environment(self, records: list[TestRecord]) -> dict[str, Any]:
         """Tier, device and vLLM of this run: from the session, or (pytest-xdist controller) from its records."""
-        state = self.state
-        device = state.known_device
+        facts = self.facts()
+        device = facts.device
         if device is not None:
             return {
-                "tier": state.tier.name,
+                "tier": facts.tier,
                 "device": device.name,
                 "backend": device.backend,
-                "vllm_version": state.known_vllm_version,
+                "vllm_version": facts.vllm_version,
             }
         first = records[0] if records else None
         return {
-            "tier": first.tier if first else state.tier_text,
+            "tier": first.tier if first else facts.tier,
             "device": first.device if first else None,
             "backend": first.backend if first else None,
             "vllm_version": first.vllm_version if first else None,
         }
 
     def results_document(self, records: list[TestRecord]) -> dict[str, Any]:
-        state = self.state
         return {
             "schema": 1,
             "created_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -343,9 +366,10 @@ class ReportWriter:
             "header": self.header(records),
             **self.environment(records),
             "server_startups": len({(r.server_pid, r.startup.get("duration_s")) for r in records if r.server_pid}),
-            "leaked_server_pids": list(state.leaked),
+            "leaked_server_pids": list(self.facts().leaked),
             "upgrades": upgrade_document(records),
-            "tests": [record.to_dict() for record in records],
+            "tests": (tests := [record.to_dict() for record in records]),
+            "summary": results_summary(tests),  # recomputed from the tests' raw samples (cli/merge.py does too)
         }
 
     def _write(self, path: Path, text: str, option: str) -> None:
@@ -364,7 +388,7 @@ class ReportWriter:
             )
 
     def terminal_summary(self, terminal: Terminal, records: list[TestRecord]) -> None:
-        leaked = self.state.leaked
+        leaked = list(self.facts().leaked)
         if not records and not leaked and not self.errors and not self.warnings:
             return
         terminal.section("vLLM memory and serving", sep="=")
@@ -379,26 +403,32 @@ class ReportWriter:
             missing = [r for r in records if r.baseline_status == "missing"]
             if missing:
                 terminal.line(
-                    f"{len(missing)} test(s) have no baseline in {self.state.settings.vllm_baseline}: "
+                    f"{len(missing)} test(s) have no baseline in {self.settings.vllm_baseline}: "
                     "record with --vllm-update-baseline"
                 )
+            from pytest_vllm_mem.plugin.gate import suite_lines
+
+            for line in suite_lines(self.gate, records):
+                terminal.line(line)
             for line in upgrade_lines(records):
                 terminal.line(line, **({"red": True} if " regressed " in f" {line} " else {}))
         if self.baseline_written is not None:
             versions = sorted({r.vllm_version or "unknown" for r in records if r.baseline_status == "updated"})
-            dropped = self.state.gate.store.dropped
+            dropped = self.gate.store.dropped
             pruned = (
                 (
                     f"; dropped {len(dropped)} entries of older vLLM versions (the file keeps "
-                    f"{self.state.gate.store.keep_versions} per test, tier and device)"
+                    f"{self.gate.store.keep_versions} per test, tier and device)"
                 )
                 if dropped
                 else ""
             )
             terminal.line(
                 f"baseline: wrote {self.baseline_written} entries (vLLM {', '.join(versions) or '-'}) to "
-                f"{self.state.settings.vllm_baseline}{pruned}"
+                f"{self.settings.vllm_baseline}{pruned}"
             )
+        for step in self.gate.steps:
+            terminal.line(f"baseline history: {step}", yellow=True)
         for option, path in self.written.items():
             terminal.line(f"{option.replace('--vllm-', '')}: {path}")
         if leaked:

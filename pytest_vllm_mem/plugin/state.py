@@ -1,13 +1,11 @@
-"""The pytest adapter's session state: one SessionState in config.stash, built on the core Session (session.py).
+"""The pytest adapter's session state: one SessionState in config.stash, built on the core Session (launch/pool.py).
 
-It adds what only a pytest session has: the test records, the server behind each test (for the gate's advice, the
-failure's log tail and the plot), the baseline gate, the report writer and the xdist record collector. Every
-attribute is declared here; plugin.py sets the pytest-made ones (gate, report, collector) in pytest_configure.
+It adds what only a pytest session has: the test records and the server behind each test (for the gate's advice, the
+failure's log tail and the plot). The gate, the report writer and the record collector are the plugin session's
+(plugin/session.py), built with this state in one go.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import pytest
 
@@ -16,20 +14,9 @@ from pytest_vllm_mem.launch.pool import Session
 from pytest_vllm_mem.launch.server import VLLMServer
 from pytest_vllm_mem.settings import Settings
 
-if TYPE_CHECKING:
-    from pytest_vllm_mem.plugin import RecordCollector
-    from pytest_vllm_mem.plugin.gate import Gate
-    from pytest_vllm_mem.plugin.report import ReportWriter
-
 
 class SessionState(Session):
     """Everything the plugin knows during one pytest session; created lazily, so runs without servers pay nothing."""
-
-    # Set by pytest_configure, which has the pytest config they read: the session's one baseline gate and store,
-    # the report writer, and the collector of records from test reports (pytest-xdist).
-    gate: Gate
-    report: ReportWriter
-    collector: RecordCollector
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)

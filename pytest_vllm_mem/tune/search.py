@@ -16,17 +16,42 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pytest_vllm_mem.config import VLLMConfig
 from pytest_vllm_mem.kinds import FailureKind, is_failure_kind
-from pytest_vllm_mem.launch.flagcheck import flag_problems
-from pytest_vllm_mem.launch.pool import Session
-from pytest_vllm_mem.launch.server import VLLMStartupError
+from pytest_vllm_mem.launch.flagcheck import ParserTable, flag_problems
+from pytest_vllm_mem.launch.server import VLLMServer, VLLMStartupError
 from pytest_vllm_mem.load.client import LoadSpec
 from pytest_vllm_mem.load.measure import measured_load
-from pytest_vllm_mem.tiers import Tier
+from pytest_vllm_mem.memory import DeviceInfo
+from pytest_vllm_mem.plan.memory_plan import Plan
+from pytest_vllm_mem.tiers import Emulation, Tier
 from pytest_vllm_mem.units import GIB, format_bytes
+
+
+class Releasable(Protocol):
+    def release_all(self) -> None: ...
+
+
+class TuneSession(Protocol):
+    """What the tuner uses of a session (launch.pool.Session; a test's fake implements the same)."""
+
+    @property
+    def tier(self) -> Tier: ...
+    @property
+    def device(self) -> DeviceInfo: ...
+    @property
+    def parser_table(self) -> ParserTable: ...
+    @property
+    def pool(self) -> Releasable: ...
+    @property
+    def preflight(self) -> bool: ...
+    def device_total_now(self, config: VLLMConfig | None = None) -> int: ...
+    def launched_config(self, config: VLLMConfig) -> tuple[VLLMConfig, Emulation | None, list[str]]: ...
+    def launch(self, config: VLLMConfig) -> VLLMServer: ...
+    def plan(self, config: VLLMConfig, launched: VLLMConfig) -> Plan | None: ...
+
 
 UTILIZATION_FLAG = "gpu_memory_utilization"
 
@@ -348,7 +373,7 @@ def largest_gpu_peak(*per_gpu: Sequence[int]) -> int | None:
 
 
 def run_trial(
-    state: Session,
+    state: TuneSession,
     config: VLLMConfig,
     utilization: float,
     load: LoadSpec,
@@ -361,9 +386,9 @@ def run_trial(
     state.pool.release_all()  # every trial a fresh server: a reused one would not test this value's startup
     try:
         try:
-            server = state.start(trial_config)
+            server = state.launch(trial_config)
         except VLLMStartupError as error:
-            memory = getattr(error, "memory", None)
+            memory = error.memory
             return Trial(
                 utilization,
                 error.kind,
@@ -426,16 +451,12 @@ def run_trial(
         state.pool.release_all()
 
 
-def planned_trial(state: Session, config: VLLMConfig, utilization: float) -> Trial | None:
+def planned_trial(state: TuneSession, config: VLLMConfig, utilization: float) -> Trial | None:
     """A trial the plan decides without a startup: predicted not to fit at both ends of its estimate range (a
     calibration from an earlier startup of the same model narrows that range to the KV arithmetic). None: run it."""
-    from pytest_vllm_mem.plan.preflight import session_plan
-
-    if not hasattr(state, "plans"):  # a stand-in state (tests) that plans nothing
-        return None
     trial_config = config.with_flags(**{UTILIZATION_FLAG: utilization})
     launched, _, _ = state.launched_config(trial_config)
-    result = session_plan(state, trial_config, launched)
+    result = state.plan(trial_config, launched)
     if result is None or result.fits or not result.sure or not is_failure_kind(result.verdict):
         return None
     side = failure_side(result.verdict, {"kv_requested_gib": result.kv_bytes.value / GIB})
@@ -563,8 +584,40 @@ def resolve_goal(goal: str, backend: str) -> str:
     return "lowest" if backend == "cpu" else "highest"
 
 
+def _refuse_config(state: TuneSession, config: VLLMConfig) -> None:
+    """TuneError for a search that cannot run: under --vllm-preflight, or a config that sets the utilization."""
+    if state.preflight:
+        raise TuneError(
+            "the tuner starts a server per trial and --vllm-preflight starts none: run it without "
+            "--vllm-preflight, or plan the utilization range with `python -m pytest_vllm_mem plan`."
+        )
+    if config.flag(UTILIZATION_FLAG) is not None:
+        raise TuneError(
+            f"the config sets {UTILIZATION_FLAG}={config.flag(UTILIZATION_FLAG)}: that is the value "
+            "the tuner searches; remove it and give the range with low/high instead."
+        )
+
+
+def _check_tier_and_flags(state: TuneSession, highest: VLLMConfig) -> Emulation | None:
+    """The tier emulation of the highest trial; TuneError for a tier larger than the device or flags vLLM rejects
+    (the same at every utilization: refused before spending a startup)."""
+    tier = state.tier
+    device_total = state.device_total_now()  # a VM's CPU node can grow or shrink within a session
+    if tier.bytes > device_total:
+        raise TuneError(
+            f"the {tier} tier ({format_bytes(tier.bytes)}) is larger than this device "
+            f"({state.device.name}, {format_bytes(device_total)}): a larger tier cannot be "
+            "emulated on it. Pick a tier up to the device's size, or auto."
+        )
+    launched, emulation, _notes = state.launched_config(highest)
+    problems = flag_problems(launched, state.parser_table)
+    if problems:
+        raise TuneError("; ".join(problems))
+    return emulation
+
+
 def tune(
-    state: Session,
+    state: TuneSession,
     config: VLLMConfig,
     *,
     low: float | None = None,
@@ -581,16 +634,7 @@ def tune(
     "starting trial" line before each startup and a result line after it through `out`. Raises TuneError for input
     that cannot be searched (before any startup); KeyboardInterrupt stops the running server on its way out.
     """
-    if getattr(getattr(state, "settings", None), "vllm_preflight", False):  # stand-in states have no settings
-        raise TuneError(
-            "the tuner starts a server per trial and --vllm-preflight starts none: run it without "
-            "--vllm-preflight, or plan the utilization range with `python -m pytest_vllm_mem plan`."
-        )
-    if config.flag(UTILIZATION_FLAG) is not None:
-        raise TuneError(
-            f"the config sets {UTILIZATION_FLAG}={config.flag(UTILIZATION_FLAG)}: that is the value "
-            "the tuner searches; remove it and give the range with low/high instead."
-        )
+    _refuse_config(state, config)
     backend = state.device.backend
     goal = resolve_goal(goal, backend)
     default_low, default_high = CPU_RANGE if backend == "cpu" else GPU_RANGE
@@ -599,17 +643,7 @@ def tune(
     check_range(low, high, resolution, max_startups)
     load = TUNE_LOAD if load is None else load
     tier = state.tier
-    device_total = state.device_total_now()  # a VM's CPU node can grow or shrink within a session
-    if tier.bytes > device_total:
-        raise TuneError(
-            f"the {tier} tier ({format_bytes(tier.bytes)}) is larger than this device "
-            f"({state.device.name}, {format_bytes(device_total)}): a larger tier cannot be "
-            "emulated on it. Pick a tier up to the device's size, or auto."
-        )
-    launched, emulation, _notes = state.launched_config(config.with_flags(**{UTILIZATION_FLAG: high}))
-    problems = flag_problems(launched, state.parser_table)
-    if problems:  # the same at every utilization: refuse before spending a startup
-        raise TuneError("; ".join(problems))
+    emulation = _check_tier_and_flags(state, config.with_flags(**{UTILIZATION_FLAG: high}))
 
     started = time.monotonic()
     shown_flags = config.short_id()
