@@ -407,7 +407,13 @@ def test_peak_above_tier_from_a_large_card_and_short_context() -> None:
 
 
 def test_peak_above_tier_when_weights_alone_do_not_fit() -> None:
-    rungs = advise(None, VLLMConfig("m"), StartupMemory(weights_gib=23.0), tier_bytes=parse_tier("24gib").bytes, peak_bytes=30 * GIB)
+    rungs = advise(
+        None,
+        VLLMConfig("m"),
+        StartupMemory(weights_gib=23.0),
+        tier_bytes=parse_tier("24gib").bytes,
+        peak_bytes=30 * GIB,
+    )
     assert rungs == [
         "peak 30.00 GiB exceeds the 24gib tier by 6.00 GiB and the weights alone take 23.00 GiB: use a "
         "quantized model or tensor_parallel_size 2"
