@@ -9,8 +9,6 @@ import pytest_vllm_mem
 
 PACKAGE = Path(pytest_vllm_mem.__file__).parent
 LIMIT = 80  # lines, decorators and docstring included: what a reviewer reads in one screen
-# Functions over the limit that are being split in this round's gate work (issue 25); remove an entry once it fits.
-KNOWN_LONG = {"baseline/noise.py:decide", "plugin/gate.py:evaluate"}
 
 
 def function_lengths() -> dict[str, int]:
@@ -25,11 +23,5 @@ def function_lengths() -> dict[str, int]:
 
 def test_no_function_is_longer_than_a_screen() -> None:
     lengths = function_lengths()
-    too_long = {name: lines for name, lines in lengths.items() if lines > LIMIT and name not in KNOWN_LONG}
+    too_long = {name: lines for name, lines in lengths.items() if lines > LIMIT}
     assert too_long == {}, f"split these functions (over {LIMIT} lines): {too_long}"
-
-
-def test_the_known_long_functions_still_exist_and_are_long() -> None:
-    lengths = function_lengths()
-    # A stale entry would let a new function of the same name grow unchecked.
-    assert {name for name in KNOWN_LONG if lengths.get(name, 0) > LIMIT} == KNOWN_LONG

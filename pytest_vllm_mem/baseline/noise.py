@@ -311,6 +311,79 @@ class Decision:
         return f"{self.summary()}; {self.limit_text()}"
 
 
+@dataclass(frozen=True)
+class _Judged:
+    """How far this run moved (log of the median ratio) and the noise it is judged against."""
+
+    log_change: float
+    stderr: float | None
+    k: float
+    n_history: int = 0
+    between: float | None = None
+    window_change: float | None = None
+
+
+def _against_window(
+    history: Sequence[float],
+    base_median: float,
+    now: Sequence[float],
+    within: float | None,
+    *,
+    alpha: float,
+    prior: SessionPrior | None,
+    now_sessions: int,
+) -> _Judged:
+    """This run's median as one more session of the window of session medians (history + the baseline's own)."""
+    window = _logs([*history, base_median])
+    n = len(window)
+    centre = sum(window) / n
+    between = statistics.stdev(window)
+    spread2, dof = between**2, n - 1
+    if prior is not None and prior.pooled:
+        spread2, dof = prior.sd**2, prior.dof  # the runner's spread over the suite's tests (own window in it)
+    elif prior is not None:
+        spread2 = (prior.dof * prior.sd**2 + (n - 1) * between**2) / (prior.dof + n - 1)
+        dof = prior.dof + n - 1
+    # The run's median varies by its own repeats' noise too: the larger of the two, never their sum twice.
+    now_variance = within**2 * median_variance_factor(len(now)) / len(now) if within is not None else 0.0
+    variance = max(spread2 * (1 / now_sessions + 1 / n), now_variance)
+    judged_log = math.log(median(now)) - centre
+    return _Judged(
+        judged_log,
+        math.sqrt(variance),
+        t_quantile(dof, alpha),
+        n_history=len(history),
+        between=between,
+        window_change=math.expm1(judged_log),
+    )
+
+
+def _against_baseline(
+    baseline: Sequence[float],
+    now: Sequence[float],
+    within: float | None,
+    *,
+    k: float,
+    alpha: float,
+    prior: SessionPrior | None,
+    now_sessions: int,
+) -> _Judged:
+    """This run's median against the baseline's, by the spread of both sides' runs (and the prior's session noise)."""
+    stderr: float | None = None
+    # A suite's share of the budget may ask for more than k standard errors (k = 4 holds to about 3e-5).
+    k = max(k, normal_quantile(alpha))
+    if within is not None:
+        stderr = within * math.sqrt(
+            median_variance_factor(len(baseline)) / len(baseline) + median_variance_factor(len(now)) / len(now)
+        )
+    if prior is not None:
+        # One session on each side (or `now_sessions`): their shift is noise the runs cannot show. With it
+        # counted, the repeats' spread needs no k beyond the level's quantile.
+        stderr = math.sqrt((stderr or 0.0) ** 2 + prior.sd**2 * (1 + 1 / now_sessions))
+        k = prior.quantile(alpha)
+    return _Judged(math.log(median(now) / median(baseline)), stderr, k)
+
+
 def decide(
     baseline: Sequence[float],
     now: Sequence[float],
@@ -348,42 +421,11 @@ def decide(
     base_median, now_median = median(baseline), median(now)
     change = (now_median - base_median) / base_median
     within = pooled_spread(baseline, now)
-    n_history = 0
-    between: float | None = None
-    window_change: float | None = None
     if len(history) >= MIN_HISTORY:
-        window = _logs([*history, base_median])
-        n = len(window)
-        centre = sum(window) / n
-        between = statistics.stdev(window)
-        judged_log = math.log(now_median) - centre
-        spread2, dof = between**2, n - 1
-        if prior is not None and prior.pooled:
-            spread2, dof = prior.sd**2, prior.dof  # the runner's spread over the suite's tests (own window in it)
-        elif prior is not None:
-            spread2 = (prior.dof * prior.sd**2 + (n - 1) * between**2) / (prior.dof + n - 1)
-            dof = prior.dof + n - 1
-        # The run's median varies by its own repeats' noise too: the larger of the two, never their sum twice.
-        now_variance = within**2 * median_variance_factor(len(now)) / len(now) if within is not None else 0.0
-        variance = max(spread2 * (1 / now_sessions + 1 / n), now_variance)
-        k = t_quantile(dof, alpha)
-        n_history = len(history)
-        window_change = math.expm1(judged_log)
-        stderr: float | None = math.sqrt(variance)
+        judged = _against_window(history, base_median, now, within, alpha=alpha, prior=prior, now_sessions=now_sessions)
     else:
-        judged_log = math.log(now_median / base_median)
-        stderr = None
-        # A suite's share of the budget may ask for more than k standard errors (k = 4 holds to about 3e-5).
-        k = max(k, normal_quantile(alpha))
-        if within is not None:
-            stderr = within * math.sqrt(
-                median_variance_factor(len(baseline)) / len(baseline) + median_variance_factor(len(now)) / len(now)
-            )
-        if prior is not None:
-            # One session on each side (or `now_sessions`): their shift is noise the runs cannot show. With it
-            # counted, the repeats' spread needs no k beyond the level's quantile.
-            stderr = math.sqrt((stderr or 0.0) ** 2 + prior.sd**2 * (1 + 1 / now_sessions))
-            k = prior.quantile(alpha)
+        judged = _against_baseline(baseline, now, within, k=k, alpha=alpha, prior=prior, now_sessions=now_sessions)
+    judged_log, stderr, k = judged.log_change, judged.stderr, judged.k
     worse_log = -judged_log if higher_is_better else judged_log
     noise = k * stderr if stderr is not None else 0.0
     # A hair of slack so a change of exactly the tolerance passes despite float rounding.
@@ -408,10 +450,10 @@ def decide(
         detectable=_worse_fraction(detectable_log, higher_is_better),
         n_baseline=len(baseline),
         n_now=len(now),
-        n_history=n_history,
-        between=between,
+        n_history=judged.n_history,
+        between=judged.between,
         status=status,
-        window_change=window_change,
+        window_change=judged.window_change,
         margin=worse_log / threshold_log if threshold_log > 0 else math.inf,
     )
 

@@ -20,6 +20,7 @@ import pytest
 
 from pytest_vllm_mem.baseline.changepoint import find_step
 from pytest_vllm_mem.baseline.compare import (
+    Comparison,
     Judge,
     compare,
     format_gate_failure,
@@ -179,22 +180,9 @@ class Gate:
         `remeasure`: runs one more load into the record (False when it could not); called once, when every failure
         is a noise-judged regression near its limit."""
         problems = []
-        over_tier = tier_problem(record, tier_is_auto)
+        over_tier = self._over_tier(record, tier_is_auto, server)
         if over_tier:
-            steps = (
-                advise(
-                    None,
-                    server.launched,
-                    server.memory,
-                    tier_bytes=record.tier_bytes,
-                    peak_bytes=record.largest_gpu_peak_bytes,
-                    requested=server.config,  # advice in the user's units under tier emulation
-                )
-                if server is not None
-                else []
-            )
-            problems.append("\n".join([over_tier, *render_steps(steps)]))
-            record.failure = failure_dict(Diagnosis("tier_exceeded", over_tier), steps, None)
+            problems.append(over_tier)
         samples = record.metric_samples()
         if not samples:
             return "\n\n".join(problems) or None
@@ -226,16 +214,7 @@ class Gate:
         failures = gate_failures(comparisons, settings.vllm_strict)
         # Only when nothing else fails the test (a peak over the tier, a missing baseline): then it decides alone.
         if failures and not problems and remeasure is not None and all(c.confirmable for c in failures):
-            first = ", ".join(f"{c.metric} {c.change_pct:+.1f}%" for c in failures if c.change_pct is not None)
-            if remeasure():
-                comparisons = compare(entry, record.metric_samples(), tolerances, judge=self.judge)
-                record.comparisons = [c.to_dict() for c in comparisons]
-                failures = gate_failures(comparisons, settings.vllm_strict)
-                outcome = "still fails" if failures else "passes: the first runs were noise"
-                record.notes.append(
-                    f"{CONFIRM_NOTE} {first} near the limit; one more load, decided on all "
-                    f"{len(record.loads)} runs: {outcome}"
-                )
+            failures = self._confirm(record, entry, tolerances, failures, remeasure)
         if failures:
             if less_free:
                 problems.append(less_free)
@@ -249,6 +228,48 @@ class Gate:
                 )
             )
         return "\n\n".join(problems) or None
+
+    @staticmethod
+    def _over_tier(record: TestRecord, tier_is_auto: bool, server: VLLMServer | None) -> str | None:
+        """The failure text of a peak over the tier, with the advice for it; records it as the test's failure."""
+        over_tier = tier_problem(record, tier_is_auto)
+        if not over_tier:
+            return None
+        steps = (
+            advise(
+                None,
+                server.launched,
+                server.memory,
+                tier_bytes=record.tier_bytes,
+                peak_bytes=record.largest_gpu_peak_bytes,
+                requested=server.config,  # advice in the user's units under tier emulation
+            )
+            if server is not None
+            else []
+        )
+        record.failure = failure_dict(Diagnosis("tier_exceeded", over_tier), steps, None)
+        return "\n".join([over_tier, *render_steps(steps)])
+
+    def _confirm(
+        self,
+        record: TestRecord,
+        entry: BaselineEntry | None,
+        tolerances: dict[str, Tolerance],
+        failures: list[Comparison],
+        remeasure: Callable[[], bool],
+    ) -> list[Comparison]:
+        """Near-limit regressions only: one more load, then the verdict on all runs (the failures that remain)."""
+        first = ", ".join(f"{c.metric} {c.change_pct:+.1f}%" for c in failures if c.change_pct is not None)
+        if not remeasure():
+            return failures
+        comparisons = compare(entry, record.metric_samples(), tolerances, judge=self.judge)
+        record.comparisons = [c.to_dict() for c in comparisons]
+        failures = gate_failures(comparisons, self.settings.vllm_strict)
+        outcome = "still fails" if failures else "passes: the first runs were noise"
+        record.notes.append(
+            f"{CONFIRM_NOTE} {first} near the limit; one more load, decided on all {len(record.loads)} runs: {outcome}"
+        )
+        return failures
 
     def entries(self, records: list[TestRecord], rootdir: Path | str) -> list[BaselineEntry]:
         """Entries for the tests that ran, passed and measured something, for --vllm-update-baseline."""
