@@ -24,6 +24,9 @@ FailureKind = Literal[
     # decided by the plugin from measured figures
     "tier_exceeded",  # the fullest GPU's peak is above the tier (gate.py, tune.py)
     "load_errors",  # requests failed with the server alive and no memory error logged (tune.py)
+    # decided by a cluster launcher (launch/ray_launcher.py)
+    "cluster_capacity",  # the server needs more nodes or devices than the cluster has, or got no room in time
+    "node_lost",  # a node the server ran on left the cluster while a test used it
 ]
 
 FAILURE_KINDS: tuple[FailureKind, ...] = get_args(FailureKind)

@@ -116,6 +116,15 @@ class NotStarted:
 
 
 @dataclass(frozen=True)
+class PlacementWait:
+    """A server waits for room on a cluster (its placement group is not placed: other servers hold the devices)."""
+
+    test_id: str
+    config: str
+    waited_s: float
+
+
+@dataclass(frozen=True)
 class LoadTick:
     test_id: str
     number: int
@@ -154,6 +163,7 @@ Event = (
     | StartupEnded
     | ServerReused
     | NotStarted
+    | PlacementWait
     | LoadTick
     | LoadStopped
     | LoadEnded

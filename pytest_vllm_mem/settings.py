@@ -138,6 +138,11 @@ class Settings:
         "bool",
         False,
     )
+    vllm_cluster: str = option(
+        "where servers run: local (subprocesses of pytest), ray (the Ray cluster $RAY_ADDRESS names, else the one "
+        "`ray start` left on this machine) or ray://HOST:PORT; needs pytest-vllm-mem[ray]",
+        default="local",
+    )
     vllm_progress: str = option(
         "live progress of each server startup and load: auto (one updating status line on a terminal, plain lines "
         "in CI logs), line, plain or off; -q shows outcomes only, -v every phase",

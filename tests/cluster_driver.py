@@ -1,5 +1,6 @@
 """Drivers of the cluster end-to-end tests, run inside the cluster's network namespace (tests/ray_local.py):
-`python cluster_driver.py SCENARIO OUT_JSON`. Each writes what it saw as JSON lines to OUT_JSON as it goes (the
+`python cluster_driver.py SCENARIO OUT_JSON`, and `session_pids` for the suite that test_e2e_cluster.py runs through
+the fixtures. Each scenario writes what it saw as JSON lines to OUT_JSON as it goes (the
 test reads them, also after killing the driver) and asserts nothing itself."""
 
 from __future__ import annotations
@@ -47,50 +48,6 @@ def setup(out: Path) -> tuple[RayCluster, LaunchSettings, str]:
     address = cluster_address("ray")
     assert address is not None
     return RayCluster(address), settings, model
-
-
-def two_servers(out: Path) -> None:
-    """Two servers at once (one CPU each, one CPU per node: they must land on both nodes), a load next to each,
-    then the driver waits to be SIGKILLed."""
-    cluster, settings, model = setup(out)
-    servers = []
-    for utilization in (0.1, 0.11):  # two different configs: two servers
-        config = VLLMConfig(model, gpu_memory_utilization=utilization, max_model_len=1024)
-        started = time.monotonic()
-        server = cluster.start(config, config, settings)
-        emit(
-            out,
-            event="started",
-            node=server.node.to_dict(),
-            pid=server.pid,
-            url=server.url,
-            startup_ok=server.startup.ok,
-            startup_s=server.startup.duration_s,
-            request_to_healthy_s=time.monotonic() - started,
-            kv_cache_tokens=server.memory.kv_cache_tokens if server.memory else None,
-            notes=server.notes,
-        )
-        servers.append(server)
-    for server in servers:
-        result = server.call(measured_load, LOAD)
-        emit(
-            out,
-            event="load",
-            node=server.node.node_id,
-            ok=result.ok,
-            completed=result.completed,
-            ttft_p50_ms=result.ttft.p50,
-            samples=len(result.samples_us.get("ttft", [])),
-            peak_memory_bytes=result.peak_memory_bytes,
-            per_node=server.per_node_peaks(),
-            session=session_pids(server.pid),
-        )
-        # The same load from the driver's host (here the same machine, through loopback): the figure the benchmark
-        # compares with the one from the node.
-        remote = run_load(server.url, server.launched.model, LOAD, seed=99)
-        emit(out, event="load_from_driver", ok=remote.ok, ttft_p50_ms=remote.ttft.p50, node=server.node.node_id)
-    emit(out, event="waiting", driver=os.getpid())
-    time.sleep(3600)  # the test SIGKILLs us here
 
 
 def multi_node(out: Path) -> None:
@@ -177,4 +134,4 @@ def cost(out: Path) -> None:
 
 if __name__ == "__main__":
     scenario, target = sys.argv[1], Path(sys.argv[2])
-    {"two_servers": two_servers, "multi_node": multi_node, "cost": cost}[scenario](target)
+    {"multi_node": multi_node, "cost": cost}[scenario](target)

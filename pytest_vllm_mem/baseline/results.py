@@ -25,6 +25,17 @@ class StartupRecord(TypedDict):
     peak_memory_per_gpu: list[int]
 
 
+class NodeRecord(TypedDict):
+    """One rank of a server on a cluster: the node it ran on and its memory peak there (since the rank started)."""
+
+    rank: int
+    node_id: str  # the cluster's id of the node (Ray's node id)
+    address: str  # the node's IP as the cluster knows it
+    hostname: str
+    peak_memory_bytes: int  # the rank's total over its devices
+    peak_memory_per_gpu: list[int]  # each of its GPUs' own peak; [] on the CPU backend
+
+
 RECORD_PROPERTY = "vllm_mem_record"  # key in item.user_properties: survives pytest-xdist report serialization
 
 
@@ -63,6 +74,7 @@ class TestRecord:
     baseline_status: str = "none"  # "none" (gate off), "missing", "compared", "updated"
     plot: str | None = None
     plan: dict[str, Any] | None = None  # plan.Plan.to_dict() of the launched config (preflight.py), or {"error": why}
+    nodes: list[NodeRecord] = field(default_factory=list)  # on a cluster: where each rank ran; [] on this machine
     # Plain data only (written to JSON, sent by pytest-xdist): the live server stays on the session state.
 
     @property
@@ -94,9 +106,15 @@ class TestRecord:
 
     @property
     def largest_gpu_peak_bytes(self) -> int:
-        """What a tier limits: the fullest GPU's peak (a TP=2 server's total is spread over two cards); the total
-        where no per-GPU figures exist (the CPU backend, older records)."""
-        return max(self.peak_memory_per_gpu, default=self.peak_memory_bytes)
+        """What a tier limits: the fullest GPU's peak (a TP=2 server's total is spread over two cards), over every
+        node of a multi-node server; without per-GPU figures (the CPU backend, older records) the fullest node's
+        total. Rank 0 is measured by the startup and the loads themselves; the other ranks' peaks are each rank's
+        since it started (read at the test's end)."""
+        others = [node for node in self.nodes if node["rank"] > 0]
+        per_gpu = [*self.peak_memory_per_gpu, *(peak for node in others for peak in node["peak_memory_per_gpu"])]
+        if per_gpu:
+            return max(per_gpu)
+        return max([self.peak_memory_bytes, *(node["peak_memory_bytes"] for node in others)])
 
     def metrics(self) -> dict[str, float]:
         """Every catalogue figure measured: the median over this test's completed loads (repeat=N) for load

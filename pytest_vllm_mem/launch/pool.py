@@ -26,6 +26,7 @@ from pytest_vllm_mem.launch.flagcheck import (
     load_parser_table,
     warn_if_skipped,
 )
+from pytest_vllm_mem.launch.launcher import Launcher, LaunchRequest, RunningServer
 from pytest_vllm_mem.launch.server import (
     LaunchSettings,
     ServerLaunchError,
@@ -80,32 +81,24 @@ def visible_devices(visible: str | None) -> tuple[DeviceInfo, ...]:
         raise UsageError(str(error)) from None
 
 
-@dataclass
-class ServerPool:
-    """Servers by launched config: equal configs share one; at most `capacity` run at once (one device)."""
+class LocalLauncher:
+    """Servers as subprocesses of this process (the default launcher): each waits for its devices' memory to be free
+    and starts under the devices' startup lock, measured through `probe` (or a probe of its own devices)."""
 
-    settings: LaunchSettings
-    probe: MemoryProbe
-    capacity: int = 1
-    running: OrderedDict[VLLMConfig, VLLMServer] = field(default_factory=OrderedDict)
-    failed: dict[VLLMConfig, VLLMStartupError] = field(default_factory=dict)
-    startups: int = 0
-    # The devices a launched config uses (all its GPUs); None: the probe's. Each server is waited for and measured
-    # on its own devices, through a probe of its own.
-    devices_for: Callable[[VLLMConfig], tuple[DeviceInfo, ...]] | None = None
+    def __init__(
+        self, probe: MemoryProbe | None, devices_for: Callable[[VLLMConfig], tuple[DeviceInfo, ...]] | None = None
+    ) -> None:
+        self.probe = probe
+        # The devices a launched config uses (all its GPUs); None: the probe's. Each server is waited for and
+        # measured on its own devices, through a probe of its own.
+        self.devices_for = devices_for
 
-    def acquire(self, config: VLLMConfig, launched: VLLMConfig, advice_context: dict[str, Any]) -> VLLMServer:
-        server = self.running.get(launched)
-        if server is not None and server.alive():
-            self.running.move_to_end(launched)
-            return server
-        if server is not None:  # died since the last test: never hand out a dead server
-            self.release(launched)
-        if launched in self.failed:  # the same config failed earlier this session: same error, no second startup
-            raise self.failed[launched]
-        while len(self.running) >= self.capacity:
-            self.release(next(iter(self.running)))
-        ours = set().union(*(process_tree(server.pid) for server in self.running.values()))
+    def start(self, request: LaunchRequest, settings: LaunchSettings) -> VLLMServer:
+        config, launched, advice_context = request.config, request.launched, request.advice_context
+        if self.probe is None:
+            raise TypeError("LocalLauncher needs the memory probe of this machine's devices")
+        probe = self.probe
+        ours = set().union(*(process_tree(server.pid) for server in request.running))
         devices = self.devices_for(launched) if self.devices_for is not None else None
 
         def _advise(diagnosis: Diagnosis, memory: StartupMemory | None, peak: int) -> list[str]:
@@ -120,25 +113,21 @@ class ServerPool:
 
         # The wait and the launch under one hold of the devices' startup lock: another startup must not take the
         # memory between the check and vLLM's own (issue 23 item 5).
-        lock_on = devices or self.probe.devices
+        lock_on = devices or probe.devices
         try:
-            with startup_lock(lock_on, launch_lock_timeout_s(self.settings, FREE_MEMORY_WAIT_S)) as waits:
+            with startup_lock(lock_on, launch_lock_timeout_s(settings, FREE_MEMORY_WAIT_S)) as waits:
                 self._wait_for_devices(config, launched, devices, ours, advice_context)
-                self.startups += 1
-                try:
-                    server = launch(
-                        config, launched, self.settings, self.probe, advise=_advise, devices=devices, locked=True
-                    )
-                except VLLMStartupError as error:
-                    self.failed[launched] = error
-                    raise
+                request.on_launch()
+                server = launch(config, launched, settings, probe, advise=_advise, devices=devices, locked=True)
         except DeviceLockError as error:
             raise ServerLaunchError(str(error)) from None
         waited = lock_notes(waits)
         if waited:
             server.notes.extend(waited)
-        self.running[launched] = server
         return server
+
+    def close(self) -> None:
+        pass  # the probe is the session's
 
     def _wait_for_devices(
         self,
@@ -148,6 +137,7 @@ class ServerPool:
         ours: set[int],
         advice_context: dict[str, Any],
     ) -> None:
+        assert self.probe is not None  # start() checked it
         waited_from = time.monotonic()
         try:
             probe = self.probe.scoped(devices) if devices is not None else self.probe
@@ -159,7 +149,7 @@ class ServerPool:
                     timeout_s=FREE_MEMORY_WAIT_S,
                 )
                 if holders:  # vLLM would refuse to start ("Free memory on device ... is less than desired")
-                    raise self._memory_held_error(
+                    raise memory_held_error(
                         probe, config, launched, holders, advice_context, time.monotonic() - waited_from
                     )
             finally:
@@ -168,42 +158,89 @@ class ServerPool:
         except NvmlError as error:
             raise ServerLaunchError(f"{error} The server was not started.") from None
 
-    def _memory_held_error(
-        self,
-        probe: MemoryProbe,
-        config: VLLMConfig,
-        launched: VLLMConfig,
-        holders: list[tuple[int, int, str]],
-        context: dict[str, Any],
-        waited_s: float,
-    ) -> VLLMStartupError:
-        devices, frees = probe.devices, probe.free_bytes()
-        # vLLM checks every GPU of the server; the fullest one is the one that refuses.
-        free, device = min(zip(frees, devices), key=lambda pair: pair[0])
-        where = device.name if len(devices) == 1 else f"{device.label} ({device.name}, the fullest of {len(devices)})"
-        held = sum(used for _, used, _ in holders)
-        diagnosis = Diagnosis(
-            kind="insufficient_free_memory",
-            summary=(
-                f"other processes still hold {format_bytes(held)} of {where} after waiting "
-                f"{waited_s:.0f} s; {format_bytes(free)} free, the server needs "
-                f"{format_bytes(context.get('requested_bytes') or 0)}"
-            ),
-            root_cause=tuple(f"pid {pid} ({name}) holds {format_bytes(used)}" for pid, used, name in holders),
-            figures={
-                "free_gib": free / GIB,
-                "device_total_gib": device.total_bytes / GIB,
-                "requested_gib": (context.get("requested_bytes") or 0) / GIB,
-            },
-        )
-        return VLLMStartupError(
-            diagnosis,
-            launched,
-            None,
-            StartupOutcome(False, diagnosis.kind, waited_s, 0),
-            advise(diagnosis, launched, None, tier_bytes=context.get("tier_bytes"), requested=config),
-            config=config,
-        )
+
+def memory_held_error(
+    probe: MemoryProbe,
+    config: VLLMConfig,
+    launched: VLLMConfig,
+    holders: list[tuple[int, int, str]],
+    context: dict[str, Any],
+    waited_s: float,
+) -> VLLMStartupError:
+    devices, frees = probe.devices, probe.free_bytes()
+    # vLLM checks every GPU of the server; the fullest one is the one that refuses.
+    free, device = min(zip(frees, devices), key=lambda pair: pair[0])
+    where = device.name if len(devices) == 1 else f"{device.label} ({device.name}, the fullest of {len(devices)})"
+    held = sum(used for _, used, _ in holders)
+    diagnosis = Diagnosis(
+        kind="insufficient_free_memory",
+        summary=(
+            f"other processes still hold {format_bytes(held)} of {where} after waiting "
+            f"{waited_s:.0f} s; {format_bytes(free)} free, the server needs "
+            f"{format_bytes(context.get('requested_bytes') or 0)}"
+        ),
+        root_cause=tuple(f"pid {pid} ({name}) holds {format_bytes(used)}" for pid, used, name in holders),
+        figures={
+            "free_gib": free / GIB,
+            "device_total_gib": device.total_bytes / GIB,
+            "requested_gib": (context.get("requested_bytes") or 0) / GIB,
+        },
+    )
+    return VLLMStartupError(
+        diagnosis,
+        launched,
+        None,
+        StartupOutcome(False, diagnosis.kind, waited_s, 0),
+        advise(diagnosis, launched, None, tier_bytes=context.get("tier_bytes"), requested=config),
+        config=config,
+    )
+
+
+@dataclass
+class ServerPool:
+    """Servers by launched config: equal configs share one; at most `capacity` run at once (one device). Started
+    through `launcher`: by default a LocalLauncher over `probe` and `devices_for`."""
+
+    settings: LaunchSettings
+    probe: MemoryProbe | None
+    capacity: int = 1
+    running: OrderedDict[VLLMConfig, RunningServer] = field(default_factory=OrderedDict)
+    failed: dict[VLLMConfig, VLLMStartupError] = field(default_factory=dict)
+    startups: int = 0
+    devices_for: Callable[[VLLMConfig], tuple[DeviceInfo, ...]] | None = None
+    launcher: Launcher | None = None
+
+    def __post_init__(self) -> None:
+        if self.launcher is None:
+            self.launcher = LocalLauncher(self.probe, self.devices_for)
+
+    def acquire(self, config: VLLMConfig, launched: VLLMConfig, advice_context: dict[str, Any]) -> RunningServer:
+        server = self.running.get(launched)
+        if server is not None and server.alive():
+            self.running.move_to_end(launched)
+            return server
+        if server is not None:  # died since the last test: never hand out a dead server
+            self.release(launched)
+        if launched in self.failed:  # the same config failed earlier this session: same error, no second startup
+            raise self.failed[launched]
+        while len(self.running) >= self.capacity:
+            self.release(next(iter(self.running)))
+        attempted = []
+
+        def counted() -> None:
+            attempted.append(True)
+            self.startups += 1
+
+        request = LaunchRequest(config, launched, advice_context, list(self.running.values()), counted)
+        assert self.launcher is not None  # __post_init__ set it
+        try:
+            server = self.launcher.start(request, self.settings)
+        except VLLMStartupError as error:
+            if attempted:  # refused before a startup (memory held by others): not remembered as the config's
+                self.failed[launched] = error
+            raise
+        self.running[launched] = server
+        return server
 
     def release(self, launched: VLLMConfig) -> None:
         server = self.running.pop(launched, None)
@@ -213,6 +250,14 @@ class ServerPool:
     def release_all(self) -> None:
         for launched in list(self.running):
             self.release(launched)
+
+    def close(self) -> None:
+        """Stop every server, then release the launcher (a cluster connection)."""
+        try:
+            self.release_all()
+        finally:
+            if self.launcher is not None:
+                self.launcher.close()
 
 
 class Session:
@@ -233,6 +278,7 @@ class Session:
         # A flag pre-check skipped under -W error: the warning could not be raised, the adapter shows it instead.
         self.unwarned: list[str] = []
         self.tier_text = settings.vllm_gpu
+        self.cluster_address = checked_cluster(settings.vllm_cluster)  # None: servers run on this machine
         try:
             from pytest_vllm_mem.tiers import parse_tier
 
@@ -300,9 +346,15 @@ class Session:
                 startup_timeout_s=s.vllm_startup_timeout,
                 sample_period_s=s.vllm_sample_period,
             )
-            self._pool = ServerPool(
-                launch_settings, self.probe, capacity=s.vllm_max_servers, devices_for=self.server_devices
-            )
+            if self.cluster_address is None:
+                self._pool = ServerPool(
+                    launch_settings, self.probe, capacity=s.vllm_max_servers, devices_for=self.server_devices
+                )
+            else:  # the servers run on the cluster's nodes: this machine's devices are neither waited for nor probed
+                from pytest_vllm_mem.launch.ray_launcher import RayLauncher
+
+                launcher = RayLauncher(self.cluster_address)
+                self._pool = ServerPool(launch_settings, None, capacity=s.vllm_max_servers, launcher=launcher)
         return self._pool
 
     @property
@@ -412,16 +464,29 @@ class Session:
         """--vllm-preflight: configs are planned, no server starts."""
         return self.settings.vllm_preflight
 
-    def start(self, config: VLLMConfig) -> VLLMServer | PlannedServer:
+    def start(self, config: VLLMConfig) -> RunningServer | PlannedServer:
         """Start (or reuse) the server for `config`; VLLMStartupError when it does not come up. Under
         --vllm-preflight a PlannedServer (nothing runs), or the predicted VLLMStartupError."""
         if not self.preflight:
-            return self.launch(config)
+            return self.serve(config)
         launched, _emulation, notes = self._checked_launch(config)
         return planned_or_raise(self.plans, config, launched, self.plan(config, launched), notes)
 
     def launch(self, config: VLLMConfig) -> VLLMServer:
-        """Start (or reuse) a real server for `config`, whatever --vllm-preflight says (the tuner's trials)."""
+        """Start (or reuse) a real server for `config` on this machine, whatever --vllm-preflight says (the tuner's
+        trials, which measure this machine's devices)."""
+        if self.cluster_address is not None:
+            raise UsageError(
+                f"--vllm-cluster={self.settings.vllm_cluster}: the tuner starts its trial servers on this machine "
+                "and measures its devices; run vllm_tune / `python -m pytest_vllm_mem tune` without --vllm-cluster "
+                "(on a node of the cluster)."
+            )
+        server = self.serve(config)
+        assert isinstance(server, VLLMServer)  # the local launcher's
+        return server
+
+    def serve(self, config: VLLMConfig) -> RunningServer:
+        """Start (or reuse) a real server for `config` through the session's launcher (this machine or a cluster)."""
         launched, _emulation, notes = self._checked_launch(config)
         utilization = float(launched.flag("gpu_memory_utilization", self.default_utilization()))
         context = {"tier_bytes": self.tier.bytes, "requested_bytes": int(utilization * self.device_total_now(launched))}
@@ -457,9 +522,26 @@ class Session:
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.release_all()
+            self._pool.close()
         if self._probe is not None:
             self._probe.close()
+
+
+def checked_cluster(setting: str) -> str | None:
+    """The Ray address `--vllm-cluster` names (None: servers run here), checked before any test runs: Ray
+    installed, the address well-formed and answering; a UsageError paragraph naming the input otherwise. Ray itself
+    is imported at the first server."""
+    if setting.strip() in ("", "local"):
+        return None
+    from pytest_vllm_mem.launch.ray_cluster import ClusterError, check_cluster, cluster_address
+
+    try:
+        address = cluster_address(setting)
+        if address is not None:
+            check_cluster(address)
+    except ClusterError as error:
+        raise UsageError(str(error)) from None
+    return address
 
 
 def missing_model_folder(model: str) -> str | None:

@@ -14,6 +14,7 @@ node's memory is measured by the actor there.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import signal
 import socket
@@ -25,11 +26,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import psutil
 
+from pytest_vllm_mem.baseline.results import NodeRecord
 from pytest_vllm_mem.config import VLLMConfig
 from pytest_vllm_mem.diagnosis.advice import advise
 from pytest_vllm_mem.diagnosis.diagnose import Diagnosis, StartupMemory, classify_failure
@@ -43,21 +45,21 @@ from pytest_vllm_mem.launch.server import (
     VLLMStartupError,
     free_port,
     launch,
+    served_model_name,
     server_env,
 )
 from pytest_vllm_mem.memory import MemorySampler, detect_devices, gpus_used, make_probe, server_devices
 from pytest_vllm_mem.versions import launch_argv
 
+T = TypeVar("T")
 LOCAL = "local"
 ADDRESS_VAR = "RAY_ADDRESS"
 NAMESPACE = "pytest-vllm-mem"
 INSTALL_HINT = "pip install 'pytest-vllm-mem[ray]'"
 CONNECT_CHECK_S = 5.0  # a TCP connect to the address first: ray.init retries an unreachable GCS for minutes
 PLACEMENT_WAIT_S = 600.0  # how long a server waits for room on the cluster (other servers to stop)
-CALL_TIMEOUT_S = 30.0
-RAYLET_POLL_S = (
-    1.0  # how often an actor checks that its raylet still runs  # an actor call that only reads (alive, node, peaks)
-)
+CALL_TIMEOUT_S = 30.0  # an actor call that only reads (alive, node, peaks, log)
+RAYLET_POLL_S = 1.0  # how often an actor checks that its raylet still runs
 # The flags the launcher sets on each rank of a multi-node server; a config setting them is refused.
 MULTI_NODE_FLAGS = ("node_rank", "master_addr", "master_port", "headless")
 
@@ -107,15 +109,27 @@ def _host_port(address: str, what: str) -> tuple[str, int]:
     return parts.hostname, port
 
 
+def _ray_missing() -> ClusterError:
+    return ClusterError(
+        f"--vllm-cluster=ray needs Ray, which is not installed for {sys.executable}: {INSTALL_HINT} (or "
+        "pip install 'ray[default]'), or run the servers locally (--vllm-cluster=local, the default)."
+    )
+
+
 def import_ray() -> ModuleType:
     try:
         import ray
     except ImportError:
-        raise ClusterError(
-            f"--vllm-cluster=ray needs Ray, which is not installed for {sys.executable}: {INSTALL_HINT} (or "
-            "pip install 'ray[default]'), or run the servers locally (--vllm-cluster=local, the default)."
-        ) from None
+        raise _ray_missing() from None
     return ray
+
+
+def check_cluster(address: str) -> None:
+    """What can be known of a cluster before connecting (at session start): Ray installed, the address answering.
+    ClusterError otherwise. Ray itself is not imported here (a second or so)."""
+    if importlib.util.find_spec("ray") is None:
+        raise _ray_missing()
+    check_reachable(address)
 
 
 def check_reachable(address: str, timeout_s: float = CONNECT_CHECK_S) -> None:
@@ -144,6 +158,17 @@ class NodeInfo:
 
     def to_dict(self) -> dict[str, str]:
         return {"node_id": self.node_id, "address": self.address, "hostname": self.hostname}
+
+
+def node_record(rank: int, node: NodeInfo, peak: int, per_gpu: Sequence[int] = ()) -> NodeRecord:
+    return {
+        "rank": rank,
+        "node_id": node.node_id,
+        "address": node.address,
+        "hostname": node.hostname,
+        "peak_memory_bytes": peak,
+        "peak_memory_per_gpu": [int(value) for value in per_gpu],
+    }
 
 
 def ranks_per_node(config: VLLMConfig) -> tuple[int, int]:
@@ -303,19 +328,21 @@ class ServerHost:
             alive = self.server.alive()
             text = self.server.log_text()
             code = self.server.process.poll()
-            peak = self.server.sampler.peak_bytes
+            sampler = self.server.sampler
         elif self.headless is not None:
             pid = self.headless.process.pid
             code = self.headless.process.poll()
             alive = code is None
             text = self.headless.log_path.read_text(errors="replace") if self.headless.log_path.exists() else ""
-            peak = self.headless.sampler.peak_bytes
+            sampler = self.headless.sampler
         else:
-            return {"alive": False, "pid": None, "peak_memory_bytes": 0, "diagnosis": None}
+            return {"alive": False, "pid": None, "peak_memory_bytes": 0, "peak_memory_per_gpu": [], "diagnosis": None}
+        per_gpu = sampler.device_peaks_between(0.0) if any(d.backend == "cuda" for d in sampler.devices) else ()
         return {
             "alive": alive,
             "pid": pid,
-            "peak_memory_bytes": peak,
+            "peak_memory_bytes": sampler.peak_bytes,
+            "peak_memory_per_gpu": list(per_gpu),
             "diagnosis": None if alive else classify_failure(text, code),
             "log_tail": "" if alive else text[-20000:],
         }
@@ -326,6 +353,13 @@ class ServerHost:
         if self.server is None:
             raise ClusterError("no server runs on this actor")
         return function(self.server, *args)
+
+    def log_text(self) -> str:
+        """The API server's log so far (secrets masked), or "" when none runs here."""
+        return self.server.log_text() if self.server is not None else ""
+
+    def loads_run(self) -> int:
+        return self.server.loads_run if self.server is not None else 0
 
     def stop(self, grace_s: float = 15.0) -> None:
         if self.server is not None:
@@ -383,16 +417,45 @@ class RayServer:
     pid: int
     startup: StartupOutcome
     memory: StartupMemory | None
-    log_path: str
+    log_path: Path  # rank 0's log, on its node
     _actors: list[Any]
     _group: Any
     _cluster: RayCluster
     notes: list[str] = field(default_factory=list)
     stopped: bool = False
+    started_at: float = field(default_factory=time.monotonic)  # this process's clock, when it was registered
 
     @property
     def node(self) -> NodeInfo:
         return self.nodes[0]
+
+    @property
+    def model_name(self) -> str:
+        return served_model_name(self.launched)
+
+    @property
+    def loads_run(self) -> int:
+        """Loads run on it so far (counted by rank 0's actor, where they run)."""
+        try:
+            return int(self._cluster.ray.get(self._actors[0].loads_run.remote(), timeout=CALL_TIMEOUT_S))
+        except (self._cluster.ray.exceptions.RayActorError, self._cluster.ray.exceptions.GetTimeoutError):
+            return 0
+
+    def log_text(self) -> str:
+        """Rank 0's log so far, read on its node; "" once the node is gone."""
+        ray = self._cluster.ray
+        try:
+            return str(ray.get(self._actors[0].log_text.remote(), timeout=CALL_TIMEOUT_S))
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return ""
+
+    def peak_between(self, since: float) -> int:
+        """The fullest rank's peak so far. The nodes' clocks are not this process's, so `since` cannot be mapped
+        there: a peak since the server started, an upper bound of the one asked for (live progress only)."""
+        try:
+            return max((node["peak_memory_bytes"] for node in self.per_node_peaks()), default=0)
+        except NodeLostError:
+            return 0
 
     def status(self) -> list[dict[str, Any]]:
         """Each rank's status (see ServerHost.status); NodeLostError naming the node of a rank that is gone."""
@@ -411,19 +474,20 @@ class RayServer:
         except NodeLostError:
             return False
 
-    def per_node_peaks(self) -> list[dict[str, Any]]:
-        """Each rank's memory peak so far on its node, for the results JSON."""
+    def per_node_peaks(self) -> list[NodeRecord]:
+        """Each rank's node and memory peak so far there, for the results JSON."""
         return [
-            {"rank": rank, **self.nodes[rank].to_dict(), "peak_memory_bytes": int(status["peak_memory_bytes"])}
+            node_record(rank, self.nodes[rank], int(status["peak_memory_bytes"]), status["peak_memory_per_gpu"])
             for rank, status in enumerate(self.status())
         ]
 
-    def call(self, function: Callable[..., Any], *args: Any) -> Any:
+    def call(self, function: Callable[..., T], *args: Any) -> T:
         """`function(server, *args)` run by the rank-0 actor on the server's node, its result brought back: with
         load.measure.measured_load, a load whose latencies are vLLM's, not the cluster network's."""
         ray = self._cluster.ray
         try:
-            return ray.get(self._actors[0].call.remote(function, *args))
+            result: T = ray.get(self._actors[0].call.remote(function, *args))
+            return result
         except ray.exceptions.RayActorError as error:
             raise NodeLostError(self._lost_message(0, error)) from None
 
@@ -617,7 +681,7 @@ class RayCluster:
             pid=int(record["pid"]),
             startup=record["startup"],
             memory=record["memory"],
-            log_path=str(record["log_path"]),
+            log_path=Path(record["log_path"]),
             _actors=actors,
             _group=group,
             _cluster=self,

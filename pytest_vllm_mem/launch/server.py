@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import psutil
 import requests
 
-from pytest_vllm_mem.baseline.results import StartupRecord
+from pytest_vllm_mem.baseline.results import NodeRecord, StartupRecord
 from pytest_vllm_mem.config import VLLMConfig, is_secret_key
 from pytest_vllm_mem.diagnosis.advice import render_steps
 from pytest_vllm_mem.diagnosis.diagnose import (
@@ -44,6 +44,7 @@ from pytest_vllm_mem.memory import DeviceInfo, MemoryProbe, MemorySampler, NvmlE
 from pytest_vllm_mem.versions import LAUNCHER_MODULE, launch_argv
 
 SERVER_MODULE = LAUNCHER_MODULE  # in every server's command line: `python -c LAUNCHER serve MODEL ...` (versions.py)
+T = TypeVar("T")
 # (diagnosis, startup memory, peak bytes) -> next steps for a failed startup (advice.advise, bound to the config).
 Advise = Callable[[Diagnosis, StartupMemory | None, int], list[str]]
 
@@ -102,6 +103,14 @@ class Server(Protocol):
     def log_path(self) -> Path | None: ...
     def alive(self) -> bool: ...
     def log_text(self) -> str: ...
+
+
+def served_model_name(launched: VLLMConfig) -> str:
+    """The name the OpenAI API serves the model under (first --served-model-name, else the model)."""
+    served = launched.flag("served_model_name")
+    if isinstance(served, tuple):
+        return str(served[0])
+    return str(served) if served else launched.model
 
 
 class VLLMStartupError(Exception):
@@ -193,11 +202,16 @@ class VLLMServer:
 
     @property
     def model_name(self) -> str:
-        """The name the OpenAI API serves the model under (first --served-model-name, else the model)."""
-        served = self.launched.flag("served_model_name")
-        if isinstance(served, tuple):
-            return str(served[0])
-        return str(served) if served else self.launched.model
+        return served_model_name(self.launched)
+
+    def call(self, function: Callable[..., T], *args: object) -> T:
+        """`function(self, *args)`: a load (load.measure.measured_load) runs here, next to the server. A cluster
+        server (ray_cluster.RayServer) runs the same call on its node; callers never ask which one they have."""
+        return function(self, *args)
+
+    def per_node_peaks(self) -> list[NodeRecord]:
+        """The cluster nodes it ran on, per rank with its peak: none for a server on this machine."""
+        return []
 
     def alive(self) -> bool:
         """The API server runs, and so do the engine processes it had when it became healthy.

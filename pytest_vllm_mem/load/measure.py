@@ -5,9 +5,24 @@ from __future__ import annotations
 
 from pytest_vllm_mem.diagnosis.advice import advise, render_steps
 from pytest_vllm_mem.diagnosis.diagnose import Diagnosis, classify_failure, find_memory_error
-from pytest_vllm_mem.launch.server import VLLMServer
-from pytest_vllm_mem.load.client import LoadResult, LoadSpec, run_load
+from pytest_vllm_mem.launch.launcher import RunningServer
+from pytest_vllm_mem.launch.ray_cluster import NodeLostError  # Ray itself is imported only by a cluster's launcher
+from pytest_vllm_mem.launch.server import Server, VLLMServer
+from pytest_vllm_mem.load.client import LoadResult, LoadSpec, planned_load_result, run_load
 from pytest_vllm_mem.memory import cpu_seconds_between, tree_cpu_times
+
+
+def measure_load(server: RunningServer, spec: LoadSpec) -> LoadResult:
+    """`measured_load` next to `server`, wherever it runs: in this process for a local server, on the server's node
+    for one on a cluster (its per-request samples brought back), so latencies are vLLM's, not a network's. A node
+    lost during the load is the load's failure (kind node_lost), naming the node and the rank."""
+    try:
+        return server.call(measured_load, spec)
+    except NodeLostError as error:
+        result = planned_load_result(spec)  # nothing came back: no request counts as completed
+        result.completed, result.server_alive = 0, False
+        result.failure = Diagnosis(kind="node_lost", summary=str(error), root_cause=(), figures={})
+        return result
 
 
 def measured_load(server: VLLMServer, spec: LoadSpec) -> LoadResult:
@@ -54,7 +69,7 @@ def measured_load(server: VLLMServer, spec: LoadSpec) -> LoadResult:
     return result
 
 
-def load_failure_message(server: VLLMServer, result: LoadResult) -> str:
+def load_failure_message(server: Server, result: LoadResult) -> str:
     """The test failure text of a load that `measured_load` found a failure in (result.failure is set)."""
     failure = result.failure
     if failure is None:

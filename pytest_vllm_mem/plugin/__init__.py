@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from pytest_vllm_mem.baseline.results import RECORD_PROPERTY
+from pytest_vllm_mem.launch.ray_cluster import ClusterError
 from pytest_vllm_mem.launch.server import ServerLaunchError, VLLMStartupError, stop_all_servers
 from pytest_vllm_mem.load.client import LoadSpecError
 from pytest_vllm_mem.plan.preflight import preflight_tier
@@ -16,6 +17,7 @@ from pytest_vllm_mem.plan.preflight import preflight_tier
 # The fixtures are found on this plugin module, so they are imported here.
 from pytest_vllm_mem.plugin.fixtures import (  # noqa: F401
     LoadFailed,
+    placement,
     remeasure_key,
     startup_failure_key,
     vllm_config,
@@ -58,7 +60,8 @@ def _configure(config: pytest.Config) -> None:
     settings = settings_from_pytest(config)
     choose_mode(settings.vllm_progress, isatty=False, worker=False)  # a bad --vllm-progress: usage error now
     parse_shard(settings.vllm_shard)  # a bad --vllm-shard too
-    if hasattr(config, "workerinput"):  # a pytest-xdist worker: its own GPUs before any server starts
+    # A pytest-xdist worker: its own GPUs before any server starts (on a cluster, placement groups share the GPUs).
+    if hasattr(config, "workerinput") and settings.vllm_cluster.strip() in ("", "local"):
         try:
             assign_worker_gpus(config.workerinput["workerid"], settings.vllm_gpus_per_worker)
         except WorkerDeviceError as error:
@@ -110,7 +113,7 @@ def _check_markers_and_order(config: pytest.Config, items: list[pytest.Item]) ->
         marker_tolerances(item)
     if not config.stash[state_key].settings.vllm_keep_order:
         # Collected items are pytest.Function, which has the fixturenames ordering reads (pytest.Item does not).
-        items[:] = group_by_server_config(items)  # type: ignore[arg-type,assignment]
+        items[:] = group_by_server_config(items)  # type: ignore[type-var]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -166,7 +169,7 @@ def pytest_runtest_makereport(
     # (--vllm-python) or an unwritable --vllm-log-dir is found during a test and failed it with a traceback through
     # the plugin; the message alone names the input. LoadSpecError: a vllm_load argument, named with what it accepts.
     if call.excinfo is not None and call.excinfo.errisinstance(
-        (VLLMStartupError, LoadFailed, UsageError, ServerLaunchError, LoadSpecError)
+        (VLLMStartupError, LoadFailed, UsageError, ServerLaunchError, LoadSpecError, ClusterError)
     ):
         # The message already quotes the root cause and the next step; a traceback through the plugin adds nothing.
         report.longrepr = str(call.excinfo.value)
@@ -175,6 +178,8 @@ def pytest_runtest_makereport(
         record.passed = report.passed
     server = state.servers.get(item.nodeid)  # the test's server, or the stopped one of its failed startup
     if record is not None and call.when == "teardown":
+        if server is not None:  # a cluster server's ranks: their peaks at the test's end
+            record.nodes = placement(server, record.nodes)
         item.config.stash[session_key].report.finish_record(record, server)
         state.servers.pop(item.nodeid, None)  # the test is over: its server's samples need not be held for it
         item.user_properties.append((RECORD_PROPERTY, json.dumps(record.to_dict())))

@@ -8,12 +8,14 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_vllm_mem.baseline.results import TestRecord, failure_dict
+from pytest_vllm_mem.baseline.results import NodeRecord, TestRecord, failure_dict
 from pytest_vllm_mem.config import VLLMConfig
-from pytest_vllm_mem.launch.server import Server, VLLMServer, VLLMStartupError
+from pytest_vllm_mem.launch.launcher import RunningServer, is_running
+from pytest_vllm_mem.launch.ray_cluster import ClusterError
+from pytest_vllm_mem.launch.server import Server, VLLMStartupError
 from pytest_vllm_mem.launch.standins import FailedServer, PlannedServer
 from pytest_vllm_mem.load.client import LoadResult, LoadSpec, planned_load_result
-from pytest_vllm_mem.load.measure import load_failure_message, measured_load
+from pytest_vllm_mem.load.measure import load_failure_message, measure_load
 from pytest_vllm_mem.plan.preflight import Unplannable, plan_record
 from pytest_vllm_mem.plugin.state import SessionState, state_key
 from pytest_vllm_mem.plugin.terminal import Renderer, pytest_renderer
@@ -37,7 +39,7 @@ def _state(request: pytest.FixtureRequest) -> SessionState:
 progress_key = pytest.StashKey[Renderer | None]()
 
 
-def _observer(request: pytest.FixtureRequest, server: VLLMServer | None = None) -> Observer | None:
+def _observer(request: pytest.FixtureRequest, server: RunningServer | None = None) -> Observer | None:
     """Where this test's startup or load is shown live (--vllm-progress); None when progress is off."""
     config = request.config
     if progress_key not in config.stash:  # built at first use: the terminal reporter exists by then
@@ -56,7 +58,7 @@ def _observer(request: pytest.FixtureRequest, server: VLLMServer | None = None) 
     return Observer(renderer, request.node.nodeid, tier.bytes, tier.name, server.peak_between, lambda: server.loads_run)
 
 
-def _start(request: pytest.FixtureRequest, config: VLLMConfig) -> VLLMServer | PlannedServer:
+def _start(request: pytest.FixtureRequest, config: VLLMConfig) -> RunningServer | PlannedServer:
     """state.start(config), its startup shown live; a reused server, or one not started, in one line. A config
     --vllm-preflight cannot plan skips the test with the reason."""
     state = _state(request)
@@ -109,10 +111,20 @@ def record_for(request: pytest.FixtureRequest, server_or_error: Server | VLLMSta
     if not isinstance(server_or_error, VLLMStartupError):
         record.notes.extend(server_or_error.notes)
     # Failed startups are plotted too: memory climbing until the OOM is the most telling timeline.
-    if isinstance(server, VLLMServer):
+    if server is not None and is_running(server):
         state.servers[nodeid] = server
+        record.nodes = placement(server, record.nodes)
     state.records[nodeid] = record
     return record
+
+
+def placement(server: RunningServer, known: list[NodeRecord]) -> list[NodeRecord]:
+    """Where a cluster server's ranks run and their peaks so far ([] for a server on this machine); what was known
+    before when a node no longer answers (the failure itself is the load's or the test's)."""
+    try:
+        return server.per_node_peaks()
+    except ClusterError:
+        return known
 
 
 @pytest.fixture
@@ -122,13 +134,13 @@ def vllm_config(request: pytest.FixtureRequest) -> VLLMConfig:
 
 
 @pytest.fixture
-def vllm_start(request: pytest.FixtureRequest) -> Callable[[VLLMConfig], VLLMServer | PlannedServer]:
+def vllm_start(request: pytest.FixtureRequest) -> Callable[[VLLMConfig], RunningServer | PlannedServer]:
     """start(config) -> server, raising VLLMStartupError (with .kind) when it does not come up.
 
     For tests that assert a config does NOT fit: `with pytest.raises(VLLMStartupError) as e: vllm_start(cfg)`.
     """
 
-    def start(config: VLLMConfig) -> VLLMServer | PlannedServer:
+    def start(config: VLLMConfig) -> RunningServer | PlannedServer:
         try:
             server = _start(request, config)
         except VLLMStartupError as error:
@@ -197,8 +209,8 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: Server) -> Callable[.
             raise vllm_server.error
 
         return failed
-    if not isinstance(vllm_server, VLLMServer):
-        raise TypeError(f"vllm_load needs a VLLMServer, a FailedServer or a PlannedServer, not {vllm_server!r}")
+    if not is_running(vllm_server):
+        raise TypeError(f"vllm_load needs a running server, a FailedServer or a PlannedServer, not {vllm_server!r}")
     server = vllm_server
     # pytest-benchmark, when the test asks for its fixture: the first load call becomes its rounds (one per repeat),
     # so --benchmark-autosave/--benchmark-compare see the loads; the plugin's own gate does not depend on it.
@@ -212,7 +224,7 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: Server) -> Callable[.
         def one_run() -> None:
             observer = _observer(request, server)
             with observing(observer):  # a progress thread reads the load's counters while it runs
-                result = measured_load(server, spec)
+                result = measure_load(server, spec)  # next to the server, on its node for a cluster's
             if observer is not None:
                 send(observer, result.ended_event(observer.test_id, server.loads_run))
             record.loads.append(result.to_dict())

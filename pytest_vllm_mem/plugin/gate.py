@@ -43,7 +43,7 @@ from pytest_vllm_mem.baseline.store import BaselineEntry, BaselineError, Baselin
 from pytest_vllm_mem.diagnosis.advice import advise, render_steps
 from pytest_vllm_mem.diagnosis.diagnose import Diagnosis
 from pytest_vllm_mem.launch.git import git_commit
-from pytest_vllm_mem.launch.server import VLLMServer
+from pytest_vllm_mem.launch.server import Server
 from pytest_vllm_mem.settings import UsageError
 from pytest_vllm_mem.tiers import Tier
 from pytest_vllm_mem.units import format_bytes
@@ -171,7 +171,7 @@ class Gate:
         marker: dict[str, Tolerance],
         *,
         tier_is_auto: bool,
-        server: VLLMServer | None = None,
+        server: Server | None = None,
         remeasure: Callable[[], bool] | None = None,
     ) -> str | None:
         """Compare `record` with the tier and the baseline; returns the failure text, or None when the test passes.
@@ -230,7 +230,7 @@ class Gate:
         return "\n\n".join(problems) or None
 
     @staticmethod
-    def _over_tier(record: TestRecord, tier_is_auto: bool, server: VLLMServer | None) -> str | None:
+    def _over_tier(record: TestRecord, tier_is_auto: bool, server: Server | None) -> str | None:
         """The failure text of a peak over the tier, with the advice for it; records it as the test's failure."""
         over_tier = tier_problem(record, tier_is_auto)
         if not over_tier:
@@ -320,7 +320,7 @@ def evaluate_record(
     state: GatedSession,
     record: TestRecord,
     marker: dict[str, Tolerance],
-    server: VLLMServer | None = None,
+    server: Server | None = None,
     remeasure: Callable[[], bool] | None = None,
 ) -> str | None:
     """The gate of the session for one record (the hook's entry point)."""

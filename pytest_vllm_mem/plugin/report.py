@@ -9,11 +9,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from pytest_vllm_mem.baseline.results import TestRecord
 from pytest_vllm_mem.baseline.store import BaselineError
 from pytest_vllm_mem.baseline.summary import dumps_results, results_summary
+from pytest_vllm_mem.launch.launcher import RunningServer
 from pytest_vllm_mem.launch.server import VLLMServer
 from pytest_vllm_mem.memory import DeviceInfo
 from pytest_vllm_mem.plan.preflight import kv_cell
@@ -71,9 +72,26 @@ def peak_cell(record: TestRecord) -> str:
     limits, then every GPU's: `21.30 GiB / 24gb (per GPU: 20.10 GiB, 21.30 GiB)`."""
     tier = f" / {record.tier}" if record.tier_bytes else ""
     per_gpu = record.peak_memory_per_gpu
+    if len(record.nodes) > 1:  # a multi-node server: the fullest node (or GPU) is what is held to the tier
+        nodes = ", ".join(format_bytes(node["peak_memory_bytes"]) for node in record.nodes)
+        return f"{format_bytes(record.largest_gpu_peak_bytes)}{tier} (per node: {nodes})"
     if len(per_gpu) > 1:
         return f"{format_bytes(record.largest_gpu_peak_bytes)}{tier} (per GPU: {', '.join(map(format_bytes, per_gpu))})"
     return f"{format_bytes(record.peak_memory_bytes)}{tier}" if record.peak_memory_bytes else "-"
+
+
+def placement_lines(records: list[TestRecord]) -> list[str]:
+    """Where each server on a cluster ran: per test, each rank's node and its peak there."""
+    lines = []
+    for record in records:
+        ranks = [
+            f"rank {node['rank']} on {node['hostname']} ({node['address']}, node {node['node_id'][:12]}), peak "
+            f"{format_bytes(node['peak_memory_bytes'])}"
+            for node in record.nodes
+        ]
+        if ranks:
+            lines.append(f"  {_short_test_id(record.test_id)}: {'; '.join(ranks)}")
+    return ["servers on the cluster:", *lines] if lines else []
 
 
 def table_rows(records: list[TestRecord]) -> list[tuple[list[str], str | None]]:
@@ -302,13 +320,21 @@ class ReportWriter:
             f"({format_bytes(device.total_bytes)}), vLLM {facts.vllm_version or 'unknown'}"
         )
 
-    def finish_record(self, record: TestRecord, server: VLLMServer | None) -> None:
-        """Per-test work at teardown (plots of the timeline of the test's server)."""
-        if self.settings.vllm_plots and server is not None:
+    def finish_record(self, record: TestRecord, server: RunningServer | None) -> None:
+        """Per-test work at teardown (plots of the timeline of the test's server). A cluster server's samples stay
+        on its node: no plot, said once."""
+        if not self.settings.vllm_plots or server is None:
+            return
+        if record.nodes:  # placed on a cluster
+            message = "--vllm-plots: servers on a cluster are not plotted (their samples stay on their nodes)"
+            if message not in self.warnings:
+                self.warnings.append(message)
+        else:
             from pytest_vllm_mem.plugin.plots import plot_record
 
             try:
-                record.plot = str(plot_record(record, server, self.settings.vllm_plots))
+                local = cast(VLLMServer, server)  # a server not on a cluster runs here, with its sampler
+                record.plot = str(plot_record(record, local, self.settings.vllm_plots))
             except ImportError:
                 message = "--vllm-plots needs matplotlib: pip install 'pytest-vllm-mem[plots]'"
                 if message not in self.warnings:
@@ -400,6 +426,8 @@ class ReportWriter:
                 terminal.line(line)
             for line, (_, color) in zip(lines[2:], rows):
                 terminal.line(line, **({color: True} if color else {}))
+            for line in placement_lines(records):
+                terminal.line(line)
             missing = [r for r in records if r.baseline_status == "missing"]
             if missing:
                 terminal.line(

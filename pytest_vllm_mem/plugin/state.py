@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from pytest_vllm_mem.baseline.results import TestRecord
+from pytest_vllm_mem.launch.launcher import RunningServer
 from pytest_vllm_mem.launch.pool import Session
-from pytest_vllm_mem.launch.server import VLLMServer
 from pytest_vllm_mem.settings import Settings
 
 
@@ -21,9 +21,10 @@ class SessionState(Session):
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
         self.records: dict[str, TestRecord] = {}  # by test node id, this process's tests
-        # The server each test used, by node id, while the test runs: a VLLMServer, or the stopped one of a failed
-        # startup. Kept here rather than in the record, which is plain data (written to JSON, sent by xdist).
-        self.servers: dict[str, VLLMServer] = {}
+        # The server each test used, by node id, while the test runs: a running server (here or on a cluster), or
+        # the stopped one of a failed startup. Kept here rather than in the record, which is plain data (written to
+        # JSON, sent by xdist).
+        self.servers: dict[str, RunningServer] = {}
         self.leaked: list[int] = []  # pids of servers still running at session end (stopped then, and reported)
 
 

@@ -20,6 +20,7 @@ from pytest_vllm_mem.progress import (
     LoadTick,
     NotStarted,
     PhaseSeen,
+    PlacementWait,
     ServerReused,
     StartupBegan,
     StartupEnded,
@@ -143,6 +144,10 @@ class Renderer:
         elif isinstance(event, NotStarted):
             if not quiet:
                 self._line(f"{event.test_id}: not started [{event.kind}]: {event.summary[:160]}")
+        elif isinstance(event, PlacementWait):
+            if not quiet:  # a status: the wait ends with the startup's own lines
+                where = "  " if self.mode == "plain" else f"{event.test_id} "
+                self._status(f"{where}waiting {event.waited_s:.0f}s for room on the cluster (other servers hold it)")
         elif isinstance(event, LoadTick):
             if quiet:
                 return
