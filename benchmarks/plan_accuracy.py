@@ -86,12 +86,13 @@ def run_cpu(out: Path | None, cases: list[tuple[str, dict[str, Any], dict[str, s
                 card,
                 env=launched.env,
                 vllm_version=version,
-                default_utilization=float(state.parser_table.default("gpu_memory_utilization", 0.92)),
+                default_utilization=float(str(state.parser_table.default("gpu_memory_utilization", 0.92))),
             )
             started = time.monotonic()
             try:
                 server = state.start(config)
-                memory, kind, peak = server.memory, "fits", server.startup.peak_memory_bytes
+                memory, kind = server.memory, "fits"
+                peak = server.startup.peak_memory_bytes if server.startup else None
                 state.pool.release_all()
             except VLLMStartupError as error:
                 memory, kind, peak = error.memory, error.kind, error.startup.peak_memory_bytes
@@ -115,7 +116,7 @@ def run_cpu(out: Path | None, cases: list[tuple[str, dict[str, Any], dict[str, s
                 "peak_rss_gib": peak / GIB if peak else None,
                 "startup_s": round(time.monotonic() - started, 1),
             }
-            row["kv_tokens_error"] = _error(predicted.kv_tokens.value, row["logged_kv_tokens"])
+            row["kv_tokens_error"] = _error(predicted.kv_tokens.value, logged.get("kv_cache_tokens"))
             rows.append(row)
             print(json.dumps(row), flush=True)
     finally:
