@@ -1110,6 +1110,59 @@ def test_a_value_error_without_a_flag_or_another_error_naming_one_stays_a_crash(
     assert classify_failure(message, 1).kind == "crash"
 
 
+# --- cut excerpts (issue 23, round 3) -----------------------------------------------------------------------------
+
+
+def test_v0_blocks_that_cannot_hold_max_seq_len_are_the_kv_check_even_when_its_error_is_cut_off() -> None:
+    # vllm#2418: 229 blocks of 16 tokens, max_seq_len=4096; the issue's title is the error the excerpt cuts off.
+    diagnosis = classify_failure(log("gpu-0.2-kv-blocks-229-cut-2418.log"), 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("kv_cache_insufficient", "kv_cache_allocation")
+    assert diagnosis.figures["kv_cache_tokens"] == 3664 and diagnosis.figures["max_model_len"] == 4096
+    # The same engine line with the 3852 blocks of vllm#11251 (61,632 tokens) holds a sequence: no KV verdict.
+    engine = first_line("gpu-0.2-kv-blocks-229-cut-2418.log", "max_seq_len=")
+    blocks = first_line("gpu-0.6-started-v0-profiling-11251.log", "# GPU blocks")
+    assert classify_failure(f"{engine}\n{blocks}\nTraceback (most recent call last):", 1).kind == "crash"
+    # A block size the log names counts: 3852 blocks of 1 token are short of 4096.
+    named = engine.replace("seed=0", "block_size=1, seed=0")
+    assert classify_failure(f"{named}\n{blocks}", 1).kind == "kv_cache_insufficient"
+
+
+def test_a_traceback_cut_inside_a_figures_only_check_is_that_check() -> None:
+    # vllm#20726: the excerpt ends at get_kv_cache_config's call into check_enough_kv_cache_memory.
+    diagnosis = classify_failure(log("gpu-0.9-kv-frames-cut-docker-time-20726.log"), 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("kv_cache_insufficient", "kv_cache_allocation")
+    assert "check_enough_kv_cache_memory" in diagnosis.summary
+    # Profiling runs the model before its check: a traceback cut there names no failure (real frames, vllm#17631).
+    cut_in_profiling = (
+        '  File "/opt/conda/lib/python3.11/site-packages/vllm/v1/worker/gpu_worker.py", line 157, in '
+        "determine_available_memory\n    self.model_runner.profile_run()"
+    )
+    assert classify_failure(cut_in_profiling, 1).kind == "crash"
+    # An exception line after the last frame ends the traceback: the cut rule does not apply.
+    ended = log("gpu-0.9-kv-frames-cut-docker-time-20726.log").rstrip().rsplit("\n", 1)[0] + "\nRuntimeError: boom"
+    assert classify_failure(ended, 1).kind == "crash"
+
+
+@pytest.mark.parametrize(
+    "tail, kind",
+    [
+        ("ray.exceptions.OutOfMe", "host_memory"),  # vllm#1765's last line
+        ("torch.OutOfMemoryErr", "cuda_oom"),
+        ("ValueError: No available memory for the cac", "kv_cache_insufficient"),
+        ("torch.OutOf", "crash"),  # fewer than _CUT_MIN characters of a known message: not read
+        ("ray.exceptions.OutOfMx", "crash"),  # not the start of one
+    ],
+)
+def test_a_last_line_cut_mid_word_is_read_as_the_one_message_it_starts(tail: str, kind: str) -> None:
+    frames = log("gpu-0.2-ray-oom-cut-1765.log").rstrip().rsplit("\n", 1)[0]
+    assert classify_failure(f"{frames}\n{tail}", 1).kind == kind
+
+
+def test_a_cut_word_inside_the_log_is_not_completed() -> None:
+    text = log("gpu-0.2-ray-oom-cut-1765.log") + "INFO 11-24 10:00:00 engine.py:1] shutting down\n"
+    assert classify_failure(text, 1).kind == "crash"
+
+
 # --- the score script ----------------------------------------------------------------------------------------------
 
 
@@ -1134,6 +1187,8 @@ def test_the_held_out_split_is_the_hash_rule_over_the_issue_23_batch() -> None:
     assert len(blind) == 13
     blind2 = [name for name, entry in INDEX.items() if entry.get("batch") == "issue23-blind2"]
     assert len(blind2) == 27 and not any(score.is_held_out(name, INDEX[name]) for name in blind2)  # type: ignore[attr-defined]
+    blind3 = [name for name, entry in INDEX.items() if entry.get("batch") == "issue23-blind3"]
+    assert len(blind3) == 21 and not any(score.is_held_out(name, INDEX[name]) for name in blind3)  # type: ignore[attr-defined]
 
 
 def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.CaptureFixture[str]) -> None:
@@ -1148,3 +1203,7 @@ def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.Captu
     assert "blind batch (collected after the rules froze): 13/13 logs right" in out
     # Scored once with the rules frozen at BLIND2_RULES_SHA256; its misses are strict xfails, not rules.
     assert "blind batch 2 (collected after the rules froze again): 22/27 logs right" in out
+    # Scored once with the rules frozen at BLIND3_RULES_SHA256 (16/21); 3 misses pass since round 3's rules, seen
+    # before they were written (seen_before_rule), 2 are strict xfails.
+    assert "blind batch 3 (collected after the rules froze a third time): 19/21 logs right" in out
+    assert "(3 of them seen before a later rule)" in out

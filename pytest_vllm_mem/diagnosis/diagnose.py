@@ -10,7 +10,9 @@ Logs are read the way they reach users (issue 23): quoted, boxed, indented, wrap
 escaped as text. Evidence comes before wording: a KV figure at or below zero, the allocator's own report of a failed
 allocation, Ray's and the kernel's kills of a process for host memory, and the out-of-memory codes of the other
 accelerators vLLM runs on (TPU, XPU, Gaudi, Ascend), whose platform the diagnosis names. When a message is cut off,
-the vLLM check that raised it (the innermost traceback frame) still names the failure.
+the vLLM check that raised it (the innermost traceback frame) still names the failure; when the excerpt is cut
+before its error line, what is left above the cut does (V0's block count, a traceback cut inside a check, a last word
+cut short of a known message).
 """
 
 from __future__ import annotations
@@ -1052,6 +1054,32 @@ def _matches(pattern: re.Pattern[str], lines: Sequence[_Line], line: _Line) -> b
 # it): V1's "Available KV cache memory: -3.86 GiB", V0's "the rest of the memory reserved for KV Cache is -1.2GiB" and
 # "# GPU blocks: 0". vLLM raises "No available memory for the cache blocks" on each of them.
 _V0_NO_BLOCKS = re.compile(r"# (?:GPU|CUDA|cuda) blocks: 0\b")
+# V0 then checks that the blocks hold one max_model_len sequence (block_size * num_gpu_blocks >= max_model_len, in
+# raise_if_cache_size_invalid and 0.2's _init_cache) and raises "The model's max seq len ... is larger than the
+# maximum number of tokens that can be stored in KV cache" when they do not. Its engine line prints max_seq_len; the
+# block size is CacheConfig's default unless the log names one.
+_V0_BLOCKS = re.compile(r"# (?:GPU|CUDA|cuda) blocks: (\d+)\b")
+_V0_MAX_SEQ_LEN = re.compile(r"\bmax_seq_len=(\d+)")
+_BLOCK_SIZE = re.compile(r"\bblock_size\W{1,4}(\d+)\b")
+_DEFAULT_BLOCK_SIZE = 16
+
+
+def _v0_blocks_short(lines: Sequence[_Line]) -> Diagnosis | None:
+    """V0's block count against its max_seq_len, when the check's error is not in the log."""
+    blocks, length = _first(lines, _V0_BLOCKS), _first(lines, _V0_MAX_SEQ_LEN)
+    if blocks is None or length is None or blocks.group(1) == "0":  # no blocks at all: _kv_figures says so
+        return None
+    size = _first(lines, _BLOCK_SIZE)
+    tokens = int(blocks.group(1)) * (int(size.group(1)) if size else _DEFAULT_BLOCK_SIZE)
+    max_len = int(length.group(1))
+    if tokens >= max_len:
+        return None
+    summary = (
+        f"the KV cache holds {tokens:,} tokens ({blocks.group(1)} blocks), fewer than one {max_len:,}-token sequence "
+        "(max_model_len; the log shows the figures, the error that follows them is not in the log)"
+    )
+    figures = {"kv_cache_tokens": float(tokens), "max_model_len": float(max_len)}
+    return Diagnosis("kv_cache_insufficient", summary, (blocks.group(0),), figures, "kv_cache_allocation")
 
 
 def _kv_figures(lines: Sequence[_Line]) -> Diagnosis | None:
@@ -1066,7 +1094,7 @@ def _kv_figures(lines: Sequence[_Line]) -> Diagnosis | None:
                 "the figure; the error that follows it is not in the log)"
             )
             return Diagnosis("kv_cache_insufficient", summary, (line.text.strip(),), figures, "kv_cache_allocation")
-    return None
+    return _v0_blocks_short(lines)
 
 
 _UNRECOGNIZED = re.compile(r"error: unrecognized arguments:\s*(.*)")
@@ -1233,6 +1261,80 @@ def _raised_by_check(lines: Sequence[_Line]) -> Diagnosis | None:
     return None
 
 
+# An excerpt cut inside a traceback, no exception line after its last frame: when that frame is, or was calling, one
+# of the checks that only compare figures and raise (the KV cache check, the free-memory check), nothing below it can
+# have failed another way, so the check did. Checks that run other code first (profiling, config verification) are
+# not read this way.
+_CUT_CHECKS = tuple(
+    check for check in _RAISING_CHECKS if check[2] in ("kv_cache_insufficient", "insufficient_free_memory")
+)
+_CALL = re.compile(r"\b(\w+)\(")
+
+
+def _cut_in_check(lines: Sequence[_Line]) -> Diagnosis | None:
+    last = next((entry for entry in reversed(lines) if _FRAME.match(entry.text)), None)
+    if last is None:
+        return None
+    tail = lines[last.index + 1 :]
+    if len(tail) > _FRAME_SOURCE_LINES or any(_EXCEPTION_LINE.match(entry.text.strip()) for entry in tail):
+        return None
+    frame = _FRAME.match(last.text)
+    names = [frame.group(1)] if frame else []
+    names += [call.group(1) for entry in tail if entry.text[:1].isspace() for call in _CALL.finditer(entry.text)]
+    for pattern, _, kind, phase, check in _CUT_CHECKS:
+        name = next((name for name in names if pattern.fullmatch(name)), None)
+        if name is not None:
+            summary = (
+                f"{check} failed: the log is cut inside its traceback, in {name} (the error line itself is not in "
+                "the log)"
+            )
+            return Diagnosis(kind, summary, (last.text.strip(), f"cut in {name}"), {}, phase)
+    return None
+
+
+# An excerpt whose last line stops mid-word (an issue's stored text cut it): read as the message it starts, when only
+# one message the memory rules know starts that way and at least _CUT_MIN characters of it are there.
+_CUT_HEADS = (
+    "ray.exceptions.OutOfMemoryError",
+    "torch.OutOfMemoryError",
+    "torch.cuda.OutOfMemoryError",
+    "CUDA out of memory",
+    "No available memory for the cache blocks",
+)
+_CUT_MIN = 12
+
+
+def _completed_tail(log_text: str) -> tuple[str, str] | None:
+    """The log with its cut last line completed, and the message it was read as; None when it is not cut so."""
+    body = log_text.rstrip()
+    last = body.rsplit("\n", 1)[-1]
+    found = []
+    for head in _CUT_HEADS:
+        for size in range(len(head) - 1, _CUT_MIN - 1, -1):
+            start = len(last) - size
+            if last.endswith(head[:size]) and (
+                start == 0 or not (last[start - 1].isalnum() or last[start - 1] in "._")
+            ):
+                found.append((head, size))
+                break
+    if len(found) != 1:
+        return None
+    head, size = found[0]
+    return body + head[size:], head
+
+
+def _cut_tail(log_text: str) -> Diagnosis | None:
+    completed = _completed_tail(log_text)
+    if completed is None:
+        return None
+    text, head = completed
+    diagnosis = _memory_diagnosis(_lines(text))
+    if diagnosis is None:
+        return None
+    note = f" (the log's last line is cut; read as {head!r}, the only known message it starts)"
+    return dataclasses.replace(diagnosis, summary=diagnosis.summary + note)
+
+
 # vLLM's configuration checks and its platform plugins name the flag a user must change when they reject a config
 # ("Use --enforce-eager.", "Increase `--tensor-parallel-size`", "Set --max_model_len to 32768 or lower"); a
 # ValueError that names a command-line flag is the configuration rejected before anything ran.
@@ -1317,7 +1419,14 @@ def classify_failure(log_text: str, returncode: int | None) -> Diagnosis:
     """
     lines = _lines(log_text)
     platform = detect_platform(lines)
-    diagnosis = _bad_flag(lines) or _memory_diagnosis(lines) or _raised_by_check(lines) or _flag_named(lines)
+    diagnosis = (
+        _bad_flag(lines)
+        or _memory_diagnosis(lines)
+        or _raised_by_check(lines)
+        or _flag_named(lines)
+        or _cut_in_check(lines)
+        or _cut_tail(log_text)
+    )
     if diagnosis is not None:
         if returncode is not None:
             diagnosis.figures.setdefault("returncode", float(returncode))

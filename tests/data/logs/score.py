@@ -13,7 +13,9 @@ Three scores are printed:
 - blind: 13 more logs (`"batch": "issue23-blind"`) collected after the rules were frozen (BLIND_RULES_SHA256 is the
   diagnose.py they were first scored with), all held out;
 - blind 2: 27 more logs (`"batch": "issue23-blind2"`) collected after the rules were frozen a second time
-  (BLIND2_RULES_SHA256), scored once with that diagnose.py.
+  (BLIND2_RULES_SHA256), scored once with that diagnose.py;
+- blind 3: 21 more logs (`"batch": "issue23-blind3"`) collected after the rules were frozen a third time
+  (BLIND3_RULES_SHA256), scored once with that diagnose.py.
 Entries with `seen_before_rule` were missed by the rules they were first scored with and passed only after a later
 rule was written with them in view: their pass is not a blind result, and each line says how many of them it holds.
 The script prints the SHA-256 of the diagnose.py it scored, so a blind figure can be matched to its frozen rules.
@@ -44,6 +46,9 @@ BLIND_RULES_SHA256 = "5e88b24c88858a7872abe59d3c11408abeda3fef6d466b70e1a6dad51f
 # The second blind batch: the rules were frozen again (this diagnose.py) before any of its logs was collected.
 BLIND2_BATCH = "issue23-blind2"
 BLIND2_RULES_SHA256 = "c95d7e334f36ae016590dd445473e8efc8afa080b63e8ff199bcaecbf2a27e67"
+# The third blind batch: frozen again (this diagnose.py) before any of its logs was collected.
+BLIND3_BATCH = "issue23-blind3"
+BLIND3_RULES_SHA256 = "1f48afc81a5759ee959287c6690ed1f70e93abb90b58bcea206abba04629ef79"
 _OLD_PHASE_WORDS = (
     ("while profiling", "profiling"),
     ("while allocating the KV cache", "kv_cache_allocation"),
@@ -136,26 +141,28 @@ def main(argv: list[str]) -> int:
     path = Path(paths[0]) if paths else ROOT / "pytest_vllm_mem" / "diagnosis" / "diagnose.py"
     module = load(path)
     index = json.loads((HERE / "index.json").read_text(encoding="utf-8"))
-    corpus, held_out, blind, blind2 = Score(), Score(), Score(), Score()
-    sets = {BLIND_BATCH: blind, BLIND2_BATCH: blind2}
+    corpus, held_out, blind, blind2, blind3 = Score(), Score(), Score(), Score(), Score()
+    sets = {BLIND_BATCH: blind, BLIND2_BATCH: blind2, BLIND3_BATCH: blind3}
     for name, entry in index.items():
         chosen = sets.get(entry.get("batch", ""), held_out if is_held_out(name, entry) else corpus)
         score_entry(module, name, entry, chosen)
     if "-v" in argv:
         print("\n".join(corpus.misses))
     if "--held-out-misses" in argv:
-        print("\n".join(held_out.misses + blind.misses + blind2.misses))
+        print("\n".join(held_out.misses + blind.misses + blind2.misses + blind3.misses))
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     frozen = {
         BLIND_RULES_SHA256: " (the rules frozen for blind batch 1)",
         BLIND2_RULES_SHA256: " (the rules frozen for blind batch 2)",
+        BLIND3_RULES_SHA256: " (the rules frozen for blind batch 3)",
     }
     print(f"rules scored: {path.name} sha256 {digest[:12]}{frozen.get(digest, '')}")
     print(corpus.line("corpus"))
     print(held_out.line("held-out third of issue 23's logs"))
     print(blind.line("blind batch (collected after the rules froze)"))
     print(blind2.line("blind batch 2 (collected after the rules froze again)"))
-    parts = (held_out, blind, blind2)
+    print(blind3.line("blind batch 3 (collected after the rules froze a third time)"))
+    parts = (held_out, blind, blind2, blind3)
     total = Score(
         *(
             sum(getattr(part, name) for part in parts)
