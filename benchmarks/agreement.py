@@ -211,7 +211,7 @@ def bench_runner(args: argparse.Namespace) -> Callable[[int], dict[str, Any]]:
         def without_trust_env(self: Any, *a: Any, **k: Any) -> None:
             session_init(self, *a, **{**k, "trust_env": False})
 
-        aiohttp.ClientSession.__init__ = without_trust_env
+        aiohttp.ClientSession.__init__ = without_trust_env  # type: ignore[method-assign]  # the client, patched
     parser = FlexibleArgumentParser()
     serve.add_cli_args(parser)
 
@@ -331,6 +331,7 @@ class ClientProcess:
         self._answer()  # "ready": imports done
 
     def _answer(self) -> str:
+        assert self.process.stdout is not None
         line = self.process.stdout.readline()
         if not line:
             raise RuntimeError(f"the {self.side} client exited with {self.process.wait()}; see {self.log_path}")
@@ -338,11 +339,12 @@ class ClientProcess:
 
     def start(self, seed: int) -> None:
         self.seed = seed
+        assert self.process.stdin is not None
         self.process.stdin.write(f"{seed}\n")
         self.process.stdin.flush()
 
     def finish(self) -> dict[str, Any]:
-        row = json.loads(self._answer())
+        row: dict[str, Any] = json.loads(self._answer())
         row.update(
             side=self.side, seed=self.seed, load_cpu_ms_per_request=1000 * row["load_cpu_s"] / self.spec.num_prompts
         )
@@ -366,6 +368,7 @@ class ClientProcess:
 
     def close(self) -> dict[str, float]:
         """Stop the client; its whole-process CPU (imports and vLLM's dataset tokenization included)."""
+        assert self.process.stdin is not None
         self.process.stdin.close()
         _, status, usage = os.wait4(self.process.pid, 0)
         self.process.returncode = os.waitstatus_to_exitcode(status)

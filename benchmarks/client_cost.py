@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -71,7 +72,7 @@ def serve(itl_ms: float, ttft_ms: float = 0.0) -> None:
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
         await site.start()
-        print(site._server.sockets[0].getsockname()[1], flush=True)
+        print(runner.addresses[0][1], flush=True)
         await asyncio.Event().wait()
 
     try:
@@ -96,7 +97,7 @@ def child_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure_run_load(base_url: str, args: argparse.Namespace) -> dict:
+def measure_run_load(base_url: str, args: argparse.Namespace) -> dict[str, Any]:
     from pytest_vllm_mem.load.client import run_load
 
     cpu = cpu_seconds()
@@ -128,7 +129,7 @@ def measure_run_load(base_url: str, args: argparse.Namespace) -> dict:
     }
 
 
-def measure_vllm_bench(base_url: str, args: argparse.Namespace) -> dict:
+def measure_vllm_bench(base_url: str, args: argparse.Namespace) -> dict[str, Any]:
     """vllm bench serve's request function, driven as benchmark() in vllm/benchmarks/serve.py drives it."""
     import aiohttp
     from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_completions
@@ -137,7 +138,7 @@ def measure_vllm_bench(base_url: str, args: argparse.Namespace) -> dict:
 
     prompts = make_prompts(args.num_prompts, 32)
 
-    async def run() -> list:
+    async def run() -> list[Any]:
         connector = aiohttp.TCPConnector(
             limit=args.concurrency,
             limit_per_host=args.concurrency,
@@ -153,7 +154,7 @@ def measure_vllm_bench(base_url: str, args: argparse.Namespace) -> dict:
         )
         semaphore = asyncio.Semaphore(args.concurrency)
 
-        async def limited(request_input):
+        async def limited(request_input: RequestFuncInput) -> Any:
             async with semaphore:
                 return await async_request_openai_completions(request_input, session)
 
@@ -208,7 +209,7 @@ def measure(
     compare: bool = True,
     profile: str | None = None,
     ttft_ms: float = 0.0,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Start the fake endpoint, measure run_load (and with `compare` vllm bench's request function); one row each."""
     args = argparse.Namespace(num_prompts=num_prompts, concurrency=concurrency, max_tokens=max_tokens, itl_ms=itl_ms)
     server = subprocess.Popen(
@@ -217,6 +218,7 @@ def measure(
         text=True,
         start_new_session=True,
     )
+    assert server.stdout is not None
     try:
         base_url = f"http://127.0.0.1:{int(server.stdout.readline())}"
         if compare:

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 # The example test: vllm_load(num_prompts=64, concurrency=8, max_tokens=64).
-LOAD = {"num_prompts": 64, "concurrency": 8, "max_tokens": 64}
+LOAD: dict[str, Any] = {"num_prompts": 64, "concurrency": 8, "max_tokens": 64}
 SAME = "same"
 # (session name, extra server flags, loads), in time order: 8 same-config "CI jobs" of 5 loads (runs of repeat 1, 3
 # and 5 can be cut from each), 5 regressed ones of 3 loads between and after them. About 16 minutes on 2 quiet cores.
@@ -64,7 +64,12 @@ SESSIONS: tuple[tuple[str, dict[str, Any], int], ...] = (
     # One sequence at a time under a concurrency of 8: requests queue, throughput falls by about 70%.
     ("max_num_seqs=1", {"max_num_seqs": 1}, 3),
 )
-QUICK_SESSIONS = (("same-1", {}, 3), ("same-2", {}, 3), ("same-3", {}, 3), ("max_num_seqs=2", {"max_num_seqs": 2}, 3))
+QUICK_SESSIONS: tuple[tuple[str, dict[str, Any], int], ...] = (
+    ("same-1", {}, 3),
+    ("same-2", {}, 3),
+    ("same-3", {}, 3),
+    ("max_num_seqs=2", {"max_num_seqs": 2}, 3),
+)
 REPEATS = (1, 3, 5)
 KEEP_HISTORY = 5  # what the baseline file keeps (baseline_store.KEEP_HISTORY)
 MIN_EARLIER = 2  # baselines replayed: those with this many earlier sessions (noise.MIN_HISTORY)

@@ -358,8 +358,11 @@ def check_batch_defaults(device: Any, python: str | None) -> Check:
 
     figures: dict[str, Any] = {"rule_source": str(source) if rule else "table (vLLM source not readable)"}
     ok = True
-    cases = [(name, parse_tier(name)) for name in ("24gb", "48gb", "80gb")]
-    cases = [(name, tier) for name, tier in cases if tier is not None and tier.bytes * 1.005 < device.total_bytes]
+    cases = [
+        (name, tier)
+        for name in ("24gb", "48gb", "80gb")
+        if (tier := parse_tier(name)) is not None and tier.bytes * 1.005 < device.total_bytes
+    ]
     expected: list[list[int]] | None = None
     if python is not None and cases:
         asked = [[tier.bytes, ""] for _, tier in cases] + [[device.total_bytes, device.name]]

@@ -139,7 +139,7 @@ def sampler_window(root_pid: int, seconds: float, with_watch: bool, log: Path) -
         if with_watch:
             server = FakeServer(sampler, log)
             with observing(_observer(server, Discard())):
-                watch = watch_startup(server)  # type: ignore[arg-type]
+                watch = watch_startup(server)
             with open(log, "a") as out:
                 deadline = time.monotonic() + seconds
                 while time.monotonic() < deadline:
@@ -201,7 +201,7 @@ def main() -> None:
     parser.add_argument("--json", metavar="FILE", help="write the figures to FILE")
     args = parser.parse_args()
     threading.current_thread().name = "progress-cost"
-    figures = {
+    figures: dict[str, Any] = {
         "cpus": os.cpu_count(),
         "load": measure_load(args.pairs, args.num_prompts),
         "sampler": measure_sampler(args.pairs, args.seconds),

@@ -113,6 +113,7 @@ def peak_catch(trials: int = 10, size_mb: int = PEAK_MB, hold_s: float = PEAK_HO
         text=True,
         start_new_session=True,
     )
+    assert child.stdin is not None and child.stdout is not None
     rows = []
     try:
         sampler = MemorySampler(ProcessTreeProbe(), child.pid).start()

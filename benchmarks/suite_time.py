@@ -123,7 +123,7 @@ def run_suite(suite: Path, cache_dir: Path, label: str, env: dict[str, str] | No
     tests = {}
     for case in ElementTree.parse(junit).getroot().iter("testcase"):
         failed = case.find("failure") is not None or case.find("error") is not None
-        tests[case.get("name")] = {"time_s": float(case.get("time")), "failed": failed}
+        tests[case.attrib["name"]] = {"time_s": float(case.attrib["time"]), "failed": failed}
     startups, seen = [], set()
     for test in data["tests"]:
         startup = test.get("startup") or {}

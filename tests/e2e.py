@@ -8,6 +8,7 @@ import os
 import threading
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -54,7 +55,7 @@ class SessionWatcher:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
 
@@ -73,7 +74,7 @@ class SessionWatcher:
 
 def run_inner(
     pytester: pytest.Pytester, *args: str, env: dict[str, str] | None = None, timeout: float = 900
-) -> tuple[pytest.RunResult, dict]:
+) -> tuple[pytest.RunResult, dict[str, Any]]:
     """Run the inner session; returns its result and its results JSON. Fails if a server of it is left."""
     token = uuid.uuid4().hex
     results = pytester.path / f"results-{token[:8]}.json"
@@ -100,16 +101,17 @@ def run_inner(
     for proc in leftovers:  # stop them (by pid) before failing, so one bug does not poison the rest of the suite
         proc.kill()
     assert not leftovers, f"vLLM processes outlived the pytest run: {[p.pid for p in leftovers]}"
-    data = json.loads(results.read_text()) if results.exists() else {"tests": []}
+    data: dict[str, Any] = json.loads(results.read_text()) if results.exists() else {"tests": []}
     return result, data
 
 
-def record(data: dict, name: str) -> dict:
+def record(data: dict[str, Any], name: str) -> dict[str, Any]:
     """The results-JSON record of the inner test whose id ends with `name`."""
     matches = [t for t in data["tests"] if t["test_id"].endswith(name)]
     assert matches, f"no record for {name} in {[t['test_id'] for t in data['tests']]}"
-    return matches[0]
+    found: dict[str, Any] = matches[0]
+    return found
 
 
-def write_json(path: Path, data: dict) -> None:
+def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data))

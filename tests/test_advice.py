@@ -5,10 +5,19 @@ from pathlib import Path
 import pytest
 
 from pytest_vllm_mem.config import VLLMConfig
-from pytest_vllm_mem.diagnosis.advice import GIB, advise, power_of_two_at_most, tier_label
+from pytest_vllm_mem.diagnosis.advice import advise, power_of_two_at_most, tier_label
 from pytest_vllm_mem.diagnosis.diagnose import Diagnosis, StartupMemory, classify_failure, parse_startup_memory
-from pytest_vllm_mem.tiers import parse_tier
+from pytest_vllm_mem.tiers import Tier, parse_tier
+from pytest_vllm_mem.units import GIB
 from pytest_vllm_mem.versions import default_utilization
+
+
+def sized(text: str) -> Tier:
+    """The tier of a size (parse_tier gives None only for `auto`)."""
+    tier = parse_tier(text)
+    assert tier is not None
+    return tier
+
 
 # vLLM 0.33.0's GPU startup summary (gpu_worker.py compile_or_warm_up_model), numbers filled in: no public log has it.
 GPU_TOTALS_033 = (
@@ -50,7 +59,7 @@ def test_default_utilization_by_version() -> None:
 def test_tier_label() -> None:
     # A tier's own name, as parse_tier gives it: 24gb is 24e9 bytes, not "22.35gb" (issue 23 item 4).
     for name in ("24gb", "7.5gb", "141gb", "24gib", "80gib"):
-        assert tier_label(parse_tier(name).bytes) == name
+        assert tier_label(sized(name).bytes) == name
 
 
 # --- cuda_oom: the phase decides the rungs, the figures decide the values -----------------------------------------
@@ -336,7 +345,7 @@ def test_external_weights_raise_the_budget_over_them() -> None:
 
 def test_weights_too_large_from_the_log_and_tier() -> None:
     diagnosis, memory = from_log("gpu-0.11-weights-oom-create-weights-28143.log")
-    assert advise(diagnosis, VLLMConfig("m", tensor_parallel_size=2), memory, tier_bytes=parse_tier("96gib").bytes) == [
+    assert advise(diagnosis, VLLMConfig("m", tensor_parallel_size=2), memory, tier_bytes=sized("96gib").bytes) == [
         "the weights need more than 92.34 GiB (loading filled 93.09 GiB device memory): use a larger tier than 96gib, "
         "a quantized model (e.g. --quantization awq) or tensor_parallel_size 4"
     ]
@@ -386,7 +395,7 @@ def test_peak_above_tier_scales_utilization() -> None:
         None,
         VLLMConfig("m", gpu_memory_utilization=0.9),
         StartupMemory(weights_gib=15.0),
-        tier_bytes=parse_tier("24gib").bytes,
+        tier_bytes=sized("24gib").bytes,
         peak_bytes=26 * GIB,
     )
     assert rungs == ["peak 26.00 GiB exceeds the 24gib tier by 2.00 GiB: gpu_memory_utilization 0.9 -> 0.82"]
@@ -397,7 +406,7 @@ def test_peak_above_tier_from_a_large_card_and_short_context() -> None:
         None,
         VLLMConfig("m", max_model_len=32768),
         StartupMemory(vllm_version="0.33.0", kv_cache_tokens=20_000),
-        tier_bytes=parse_tier("24gib").bytes,
+        tier_bytes=sized("24gib").bytes,
         peak_bytes=int(75.5 * GIB),
     )
     assert rungs == [
@@ -411,7 +420,7 @@ def test_peak_above_tier_when_weights_alone_do_not_fit() -> None:
         None,
         VLLMConfig("m"),
         StartupMemory(weights_gib=23.0),
-        tier_bytes=parse_tier("24gib").bytes,
+        tier_bytes=sized("24gib").bytes,
         peak_bytes=30 * GIB,
     )
     assert rungs == [
@@ -422,7 +431,7 @@ def test_peak_above_tier_when_weights_alone_do_not_fit() -> None:
 
 def test_no_advice_when_the_peak_fits_or_nothing_is_known() -> None:
     assert advise(None, VLLMConfig("m"), None) == []
-    assert advise(None, VLLMConfig("m"), None, tier_bytes=parse_tier("24gib").bytes, peak_bytes=20 * GIB) == []
+    assert advise(None, VLLMConfig("m"), None, tier_bytes=sized("24gib").bytes, peak_bytes=20 * GIB) == []
 
 
 def test_timeout_and_crash_advice() -> None:
@@ -456,14 +465,14 @@ def test_peak_above_tier_sized_from_the_logged_budget() -> None:
     # 0.33's startup summary gives device total, budget and non-KV usage: only the budget moves with the
     # utilization, what vLLM used outside it stays.
     memory = parse_startup_memory(GPU_TOTALS_033)  # 23.55 GiB device, 0.92 -> 21.67 GiB budget, 16.36 GiB non-KV
-    rungs = advise(None, VLLMConfig("m"), memory, tier_bytes=parse_tier("20gib").bytes, peak_bytes=int(22.5 * GIB))
+    rungs = advise(None, VLLMConfig("m"), memory, tier_bytes=sized("20gib").bytes, peak_bytes=int(22.5 * GIB))
     # outside = 22.5 - 21.67 = 0.83; (20 - 0.83) / 23.55 - 0.01 = 0.804 -> 0.8; 0.8 * 23.55 - 16.36 = 2.48 for KV
     assert rungs == [
         "peak 22.50 GiB exceeds the 20gib tier by 2.50 GiB: gpu_memory_utilization default 0.92 -> 0.8 "
         "(a 18.84 GiB budget of the 23.55 GiB device, plus the 0.83 GiB vLLM used outside its budget, "
         "fits the tier; 2.48 GiB of it stays for the KV cache)"
     ]
-    too_small = advise(None, VLLMConfig("m"), memory, tier_bytes=parse_tier("16gib").bytes, peak_bytes=int(22.5 * GIB))
+    too_small = advise(None, VLLMConfig("m"), memory, tier_bytes=sized("16gib").bytes, peak_bytes=int(22.5 * GIB))
     assert too_small[0].endswith(
         "(weights, activations and graphs alone take 16.36 GiB, and vLLM used 0.83 GiB "
         "outside its budget): use a quantized model or a larger tier"

@@ -2,8 +2,11 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import multiprocessing.synchronize
 import os
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,8 +38,12 @@ MIB = 2**20
 GIB = 2**30
 
 
-def entry(test_id: str = "tests/test_x.py::test_a", metrics: dict[str, float] | None = None, **kw) -> BaselineEntry:
-    defaults = dict(
+def entry(
+    test_id: str = "tests/test_x.py::test_a", metrics: dict[str, float] | None = None, **changes: Any
+) -> BaselineEntry:
+    made = BaselineEntry(
+        test_id=test_id,
+        metrics=metrics or {"output_throughput": 1000.0},
         env=ENV,
         spread={},
         runs=3,
@@ -45,8 +52,7 @@ def entry(test_id: str = "tests/test_x.py::test_a", metrics: dict[str, float] | 
         commit="abc1234",
         host="ci-1",
     )
-    defaults.update(kw)
-    return BaselineEntry(test_id=test_id, metrics=metrics or {"output_throughput": 1000.0}, **defaults)
+    return replace(made, **changes)
 
 
 # ---------------------------------------------------------------------------------------------- tolerance parsing
@@ -205,7 +211,7 @@ def test_relative_vs_absolute() -> None:
 
 def test_compare_statuses_and_strict_gate() -> None:
     base = entry(metrics={"output_throughput": 1000.0, "load_peak_memory": 10 * GIB, "ttft_p50": 100.0})
-    now = {
+    now: dict[str, list[float]] = {
         "output_throughput": [1200.0],
         "load_peak_memory": [11 * GIB],
         "ttft_p50": [110.0],
@@ -409,7 +415,9 @@ def test_update_keeps_file_mode(tmp_path: Path) -> None:
     assert path.stat().st_mode & 0o777 == 0o640
 
 
-def _write_many(path: str, prefix: str, count: int, barrier) -> None:  # runs in a spawned process
+def _write_many(
+    path: str, prefix: str, count: int, barrier: multiprocessing.synchronize.Barrier
+) -> None:  # runs in a spawned process
     store = BaselineStore(path)
     barrier.wait()
     for i in range(count):
@@ -452,7 +460,7 @@ def test_update_into_an_unwritable_place_is_a_baseline_error(tmp_path: Path) -> 
 
 
 class FakeRecord:
-    def __init__(self, startup: dict, memory: dict, loads: list[dict]) -> None:
+    def __init__(self, startup: dict[str, Any], memory: dict[str, Any], loads: list[dict[str, Any]]) -> None:
         self.startup, self.memory, self.loads = startup, memory, loads
 
 
@@ -555,8 +563,8 @@ def test_update_keeps_the_newest_versions_per_test_tier_and_device(tmp_path: Pat
     # Writing an older version (a branch still on it) keeps it, and drops the oldest of the others.
     store.update([entry(env=_env("0.8.5"))])
     assert store.dropped == [("tests/test_x.py::test_a", _env("0.10.2").as_str())]
-    kept = {env for (test_id, env) in BaselineStore(path).load() if test_id == "tests/test_x.py::test_a"}
-    assert _env("0.8.5").as_str() in kept and _env("0.10.2").as_str() not in kept and len(kept) == 4
+    now_kept = {env for (test_id, env) in BaselineStore(path).load() if test_id == "tests/test_x.py::test_a"}
+    assert _env("0.8.5").as_str() in now_kept and _env("0.10.2").as_str() not in now_kept and len(now_kept) == 4
 
 
 def test_versions_that_do_not_parse_are_dropped_first(tmp_path: Path) -> None:
@@ -621,17 +629,21 @@ def test_a_malformed_history_is_one_paragraph_naming_the_entry(tmp_path: Path) -
     assert path.read_bytes() == before
 
 
-def test_the_gates_store_keeps_history_for_throughput_and_latency_only(tmp_path: Path) -> None:
-    from types import SimpleNamespace
+@dataclass
+class GateOptions:
+    """The settings a Gate reads (plugin.gate.GateSettings)."""
 
+    vllm_baseline: Path
+    vllm_update_baseline: bool = True
+    vllm_require_baseline: bool = False
+    vllm_strict: bool = False
+    vllm_gate_alpha: float = 0.025
+
+
+def test_the_gates_store_keeps_history_for_throughput_and_latency_only(tmp_path: Path) -> None:
     from pytest_vllm_mem.plugin.gate import Gate
 
-    settings = SimpleNamespace(
-        vllm_baseline=tmp_path / "baselines.json",
-        vllm_update_baseline=True,
-        vllm_require_baseline=False,
-        vllm_strict=False,
-    )
+    settings = GateOptions(tmp_path / "baselines.json")
     gate = Gate(settings)
     for value in (1000.0, 900.0):
         samples = {"output_throughput": [value, value + 10], "ttft_p50": [40.0], "startup_peak_memory": [2e9]}

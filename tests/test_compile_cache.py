@@ -56,8 +56,11 @@ def test_read_only_cache_root_is_not_an_error(tmp_path: Path) -> None:
     assert note_aot_load_failure(blocker / "cache", "0.32.0", FAILURE_LINE) is False
 
 
-def _compile_env_of(log_text: str) -> dict:
-    return json.loads(re.search(r"FAKE compile env: (.*)", log_text).group(1))
+def _compile_env_of(log_text: str) -> dict[str, str]:
+    found = re.search(r"FAKE compile env: (.*)", log_text)
+    assert found is not None, log_text
+    env: dict[str, str] = json.loads(found.group(1))
+    return env
 
 
 def test_a_launch_that_logs_the_failure_turns_aot_off_for_the_next(

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -32,7 +33,8 @@ def test_equality_and_hash_ignore_omitted_flags_and_order() -> None:
 
 
 def test_dashes_and_underscores_in_keywords_are_the_same_flag() -> None:
-    assert VLLMConfig("m", **{"max-model-len": 4096}) == VLLMConfig("m", max_model_len=4096)
+    dashed: dict[str, Any] = {"max-model-len": 4096}  # no identifier: only ** can pass it
+    assert VLLMConfig("m", **dashed) == VLLMConfig("m", max_model_len=4096)
 
 
 def test_same_command_is_the_same_config() -> None:
@@ -154,7 +156,8 @@ def test_empty_list_is_refused() -> None:
 @pytest.mark.parametrize("key", ["host", "port", "--port", "--model"])
 def test_plugin_owned_keywords_are_refused(key: str) -> None:
     with pytest.raises(ConfigError, match=f"{key}=.*set by the plugin"):
-        VLLMConfig("m", **{key: "x"})
+        owned: dict[str, Any] = {key: "x"}
+        VLLMConfig("m", **owned)
 
 
 def test_model_keyword_is_refused() -> None:

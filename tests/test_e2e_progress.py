@@ -80,8 +80,8 @@ def test_progress_of_a_real_startup_and_load(pytester: pytest.Pytester) -> None:
 
     # Phases in order, each shown within a few health polls of its log line (log stamps are whole seconds: -1 s).
     ready_at = next(i for i, line in enumerate(lines) if READY.match(line))
-    shown = [PHASE.match(line) for line in lines[1:ready_at]]
-    shown = [match for match in shown if match and not match.group(2).startswith("still ")]
+    matched = [match for line in lines[1:ready_at] if (match := PHASE.match(line))]
+    shown = [match for match in matched if not match.group(2).startswith("still ")]
     phases = [max((name for name in PHASE_NAMES if match.group(2).startswith(name)), key=len) for match in shown]
     logged = _log_phase_times(Path(header.group(7)))
     assert phases == [phase for phase in logged if phase in phases] and len(phases) >= 5, (phases, logged)
@@ -94,6 +94,7 @@ def test_progress_of_a_real_startup_and_load(pytester: pytest.Pytester) -> None:
 
     fits = record(data, "test_load[A]")
     ready = READY.match(lines[ready_at])
+    assert ready is not None
     assert float(ready.group(1)) == pytest.approx(fits["startup"]["duration_s"], abs=0.051)
     assert (
         f"KV cache {fits['memory']['kv_cache_gib']:.2f} GiB, {fits['memory']['kv_cache_tokens']:,} tokens"
@@ -105,13 +106,13 @@ def test_progress_of_a_real_startup_and_load(pytester: pytest.Pytester) -> None:
     assert int(ready.group(6)) == round(100 * fits["startup"]["peak_memory_bytes"] / fits["tier_bytes"])
 
     load = fits["loads"][0]
-    (done,) = [DONE.match(line) for line in lines if DONE.match(line)]
+    (done,) = [match for line in lines if (match := DONE.match(line))]
     assert int(done.group(1)) == load["completed"] == 96 and int(done.group(3)) == load["failed"] == 0
     assert float(done.group(2)) == pytest.approx(load["duration_s"], abs=0.051)
     assert float(done.group(4)) == pytest.approx(load["output_throughput"], abs=0.051)
     assert done.group(5) == format_bytes(load["peak_memory_bytes"])
     # Plain lines during the load: at most one per 5 s, counts only going up.
-    ticks = [TICK.match(line) for line in lines if TICK.match(line)]
+    ticks = [match for line in lines if (match := TICK.match(line))]
     assert len(ticks) <= load["duration_s"] / 5 + 1
     counts = [int(tick.group(1)) for tick in ticks]
     assert counts == sorted(counts) and all(count <= 96 for count in counts)

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 
 import psutil
 import pytest
@@ -26,7 +27,7 @@ FIGURES = Figures()
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _print_figures():
+def _print_figures() -> Iterator[None]:
     yield
     print("\n" + FIGURES.summary("real vLLM CPU servers (test_e2e_reliability.py)"))
     assert FIGURES.left() == [], f"processes left after the reliability tests: {FIGURES.left()}"
@@ -184,7 +185,7 @@ def _server_processes(token: str, pytest_pid: int) -> list[psutil.Process]:
     ids=["SIGINT", "SIGTERM", "SIGTERM-xdist"],
 )
 def test_interrupting_pytest_during_a_real_startup_stops_every_server_process(
-    pytester: pytest.Pytester, sig: int, workers: int
+    pytester: pytest.Pytester, sig: signal.Signals, workers: int
 ) -> None:
     """Scenarios 3a/3b: Ctrl-C (SIGINT) or a CI cancel (SIGTERM) to pytest while vLLM starts (its EngineCore is
     up): every server process is gone within seconds and pytest exits as interrupted. Under xdist the signal

@@ -133,6 +133,7 @@ def test_interrupted_tuner_stops_its_server_and_exits_130(tmp_path: Path) -> Non
         tmp_path, "--low", "0.2", "--high", "0.3", "--resolution", "0.1", "--flag", "max_model_len=1024"
     )
     process = subprocess.Popen(command, env=run_env(token), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None
     try:
         for line in process.stdout:  # wait for the first startup to begin, then for its server processes
             if line.startswith("starting trial 1/"):

@@ -13,6 +13,7 @@ import textwrap
 import time
 from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -80,7 +81,7 @@ PYTEST = textwrap.dedent("""
 """)
 
 
-def _start(tmp_path: Path, mode: str) -> tuple[subprocess.Popen, dict, dict, list[int]]:
+def _start(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[bytes], dict[str, Any], dict[str, Any], list[int]]:
     (tmp_path / "server.py").write_text(SERVER)
     out = tmp_path / "server.json"
     stand_in = subprocess.Popen([sys.executable, "-c", PYTEST, str(tmp_path / "server.py"), str(out), mode])
@@ -167,7 +168,7 @@ def test_a_server_pytest_stopped_leaves_no_segment_and_nothing_else_is_stopped(t
 def test_a_segment_another_live_process_maps_is_never_removed(tmp_path: Path) -> None:
     watched = lifeline.Watched(psutil.Process())  # this process as "the server": its mappings get noted
     shm = shared_memory.SharedMemory(create=True, size=4096)
-    resource_tracker.unregister(shm._name, "shared_memory")
+    resource_tracker.unregister(f"/{shm.name}", "shared_memory")  # the tracker's name: POSIX's, with its slash
     holder = subprocess.Popen(
         [
             sys.executable,
@@ -260,7 +261,7 @@ HOLD = textwrap.dedent("""
 """)
 
 
-def _holders(tmp_path: Path, devices: list[tuple[int, str]], hold_s: float) -> list[dict]:
+def _holders(tmp_path: Path, devices: list[tuple[int, str]], hold_s: float) -> list[dict[str, Any]]:
     env = {**os.environ, devicelock.LOCK_DIR_VAR: str(tmp_path / "locks")}
     procs = [
         subprocess.Popen(
@@ -373,7 +374,7 @@ SEMAPHORE_SERVER = textwrap.dedent("""
 """)
 
 
-def _semaphore_server() -> tuple[subprocess.Popen, Path, list[psutil.Process]]:
+def _semaphore_server() -> tuple[subprocess.Popen[bytes], Path, list[psutil.Process]]:
     server = subprocess.Popen([sys.executable, "-c", SEMAPHORE_SERVER], stdout=subprocess.PIPE, start_new_session=True)
     assert server.stdout is not None
     path = Path("/dev/shm", "sem." + server.stdout.readline().decode().strip().lstrip("/"))
@@ -449,7 +450,7 @@ LATE_SPAWNER = textwrap.dedent("""
 """)
 
 
-def _late_spawner() -> tuple[subprocess.Popen, lifeline.Watched, list[psutil.Process]]:
+def _late_spawner() -> tuple[subprocess.Popen[bytes], lifeline.Watched, list[psutil.Process]]:
     server = subprocess.Popen([sys.executable, "-c", LATE_SPAWNER], stdout=subprocess.PIPE, start_new_session=True)
     assert server.stdout is not None and server.stdout.readline() == b"ready\n"
     watched = lifeline.Watched(psutil.Process(server.pid))

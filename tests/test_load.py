@@ -10,6 +10,8 @@ import asyncio
 import json
 import threading
 import time
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -26,6 +28,8 @@ from pytest_vllm_mem.load.client import (
     run_load,
 )
 
+T = TypeVar("T")
+
 
 class FakeServer:
     """An OpenAI-style streaming /v1/completions endpoint on its own event loop in a background thread."""
@@ -33,14 +37,14 @@ class FakeServer:
     def __init__(self) -> None:
         self.in_flight = 0
         self.max_in_flight = 0
-        self.requests: list[dict] = []
+        self.requests: list[dict[str, Any]] = []
         self.loop = asyncio.new_event_loop()
         self.release = asyncio.Event()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.port = self._call(self._start())
 
-    def _call(self, coro, timeout: float = 10):
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float = 10) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     async def _start(self) -> int:
@@ -51,7 +55,8 @@ class FakeServer:
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()
-        return site._server.sockets[0].getsockname()[1]
+        port: int = self.runner.addresses[0][1]
+        return port
 
     def url(self, mode: str = "ok", ttft_ms: int = 50, itl_ms: int = 20) -> str:
         return f"http://127.0.0.1:{self.port}/{mode}/{ttft_ms}/{itl_ms}"
@@ -75,7 +80,7 @@ class FakeServer:
         finally:
             self.in_flight -= 1
 
-    async def _respond(self, request: web.Request, body: dict) -> web.StreamResponse:
+    async def _respond(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         mode = request.match_info["mode"]
         ttft = int(request.match_info["ttft_ms"]) / 1000
         itl = int(request.match_info["itl_ms"]) / 1000
@@ -97,6 +102,7 @@ class FakeServer:
             if n:
                 await asyncio.sleep(itl)
             if mode == "drop" and n == 1:
+                assert request.transport is not None
                 request.transport.close()  # the server process died mid-stream
                 return response
             if mode == "midhang" and n == 1:
@@ -119,19 +125,19 @@ class FakeServer:
 
 
 @pytest.fixture(scope="module")
-def fake():
+def fake() -> Iterator[FakeServer]:
     server = FakeServer()
     yield server
     server.close()
 
 
 @pytest.fixture(autouse=True)
-def reset_counters(fake):
+def reset_counters(fake: FakeServer) -> None:
     fake.max_in_flight = 0
     fake.requests.clear()
 
 
-def test_latencies_follow_the_fake_timings(fake):
+def test_latencies_follow_the_fake_timings(fake: FakeServer) -> None:
     result = run_load(
         fake.url("ok", ttft_ms=50, itl_ms=20), "m", num_prompts=20, concurrency=5, max_tokens=5, prompt_len=8
     )
@@ -153,7 +159,7 @@ def test_latencies_follow_the_fake_timings(fake):
     assert result.total_input_tokens == sum(len(body["prompt"].split()) for body in fake.requests)
 
 
-def test_request_payload_is_what_vllm_bench_sends(fake):
+def test_request_payload_is_what_vllm_bench_sends(fake: FakeServer) -> None:
     run_load(fake.url("ok", 0, 0), "my-model", num_prompts=3, concurrency=3, max_tokens=7, prompt_len=16)
     body = fake.requests[0]
     assert body["model"] == "my-model" and body["max_tokens"] == 7 and body["ignore_eos"] is True
@@ -162,7 +168,7 @@ def test_request_payload_is_what_vllm_bench_sends(fake):
     assert len({b["prompt"] for b in fake.requests}) == 3
 
 
-def test_output_tokens_come_from_usage_not_chunks(fake):
+def test_output_tokens_come_from_usage_not_chunks(fake: FakeServer) -> None:
     result = run_load(fake.url("bundled", 10, 10), "m", num_prompts=4, concurrency=4, max_tokens=8)
     assert result.ok
     assert result.total_output_tokens == 32
@@ -170,13 +176,13 @@ def test_output_tokens_come_from_usage_not_chunks(fake):
     assert result.tpot.mean < result.itl.mean
 
 
-def test_concurrency_caps_requests_in_flight(fake):
+def test_concurrency_caps_requests_in_flight(fake: FakeServer) -> None:
     result = run_load(fake.url("ok", 20, 5), "m", num_prompts=30, concurrency=4, max_tokens=3)
     assert result.ok
     assert fake.max_in_flight == 4
 
 
-def test_http_5xx_is_counted_not_raised(fake):
+def test_http_5xx_is_counted_not_raised(fake: FakeServer) -> None:
     result = run_load(fake.url("error500"), "m", num_prompts=25, concurrency=5)
     assert not result.ok and result.completed == 0 and result.failed == 25
     assert len(result.errors) == 10
@@ -185,31 +191,31 @@ def test_http_5xx_is_counted_not_raised(fake):
     assert result.ttft == Percentiles(0.0, 0.0, 0.0, 0.0) and result.request_throughput == 0
 
 
-def test_some_failures_leave_the_rest_measured(fake):
+def test_some_failures_leave_the_rest_measured(fake: FakeServer) -> None:
     result = run_load(fake.url("mixed", 5, 5), "m", num_prompts=30, concurrency=6, max_tokens=3)
     assert result.failed == 10 and result.completed == 20 and not result.ok
     assert sorted(e.index for e in result.errors) == [0, 3, 6, 9, 12, 15, 18, 21, 24, 27]
     assert result.total_output_tokens == 60
 
 
-def test_http_4xx_keeps_the_server_message(fake):
+def test_http_4xx_keeps_the_server_message(fake: FakeServer) -> None:
     result = run_load(fake.url("error400"), "m", num_prompts=2, concurrency=2)
     assert [e.kind for e in result.errors] == ["http_4xx", "http_4xx"]
     assert result.errors[0].status == 400 and "max_tokens is too large" in result.errors[0].text
 
 
-def test_dropped_connection_is_a_connection_error(fake):
+def test_dropped_connection_is_a_connection_error(fake: FakeServer) -> None:
     result = run_load(fake.url("drop", 5, 5), "m", num_prompts=4, concurrency=2, max_tokens=4)
     assert result.failed == 4 and {e.kind for e in result.errors} == {"connection"}
 
 
-def test_error_event_in_the_stream_fails_the_request(fake):
+def test_error_event_in_the_stream_fails_the_request(fake: FakeServer) -> None:
     result = run_load(fake.url("errorevent", 5, 5), "m", num_prompts=3, concurrency=3, max_tokens=4)
     assert result.failed == 3 and result.errors[0].kind == "stream"
     assert "Internal server error" in result.errors[0].text
 
 
-def test_refused_connection_is_a_connection_error():
+def test_refused_connection_is_a_connection_error() -> None:
     import socket
 
     with socket.socket() as sock:
@@ -219,7 +225,7 @@ def test_refused_connection_is_a_connection_error():
     assert result.failed == 3 and result.errors[0].kind == "connection"
 
 
-def test_load_deadline_is_respected(fake):
+def test_load_deadline_is_respected(fake: FakeServer) -> None:
     started = time.perf_counter()
     result = run_load(fake.url("hang"), "m", num_prompts=10, concurrency=4, timeout_s=2)
     elapsed = time.perf_counter() - started
@@ -232,7 +238,7 @@ def test_load_deadline_is_respected(fake):
     assert 1.9 <= result.duration_s < 2 + 10
 
 
-def test_request_timeout_fails_only_the_slow_request(fake):
+def test_request_timeout_fails_only_the_slow_request(fake: FakeServer) -> None:
     started = time.perf_counter()
     result = run_load(
         fake.url("midhang", 5, 5), "m", num_prompts=4, concurrency=4, max_tokens=4, request_timeout_s=0.5, timeout_s=60
@@ -242,7 +248,7 @@ def test_request_timeout_fails_only_the_slow_request(fake):
     assert "request_timeout_s" in result.errors[0].text
 
 
-def test_should_abort_ends_the_load_early(fake):
+def test_should_abort_ends_the_load_early(fake: FakeServer) -> None:
     started = time.perf_counter()
     result = run_load(
         fake.url("hang"),
@@ -257,7 +263,7 @@ def test_should_abort_ends_the_load_early(fake):
     assert "should_abort() returned true" in result.errors[0].text
 
 
-def test_broken_should_abort_aborts_instead_of_raising(fake):
+def test_broken_should_abort_aborts_instead_of_raising(fake: FakeServer) -> None:
     def broken() -> bool:
         raise RuntimeError("psutil went away")
 
@@ -265,8 +271,9 @@ def test_broken_should_abort_aborts_instead_of_raising(fake):
     assert result.failed == 2 and "psutil went away" in result.errors[0].text
 
 
-def test_poisson_arrivals_pace_the_load(fake):
+def test_poisson_arrivals_pace_the_load(fake: FakeServer) -> None:
     offsets = arrival_offsets(50, 10.0, seed=3)
+    assert offsets is not None
     assert offsets == arrival_offsets(50, 10.0, seed=3) and offsets != arrival_offsets(50, 10.0, seed=4)
     assert offsets[-1] == pytest.approx(5.0) and offsets == sorted(offsets)
     assert arrival_offsets(5, None) is None and arrival_offsets(5, float("inf")) is None
@@ -275,14 +282,14 @@ def test_poisson_arrivals_pace_the_load(fake):
     assert result.duration_s >= 0.45  # the last request is sent at 10 / 20 s: the arrivals paced the load
 
 
-def test_runs_inside_a_running_event_loop(fake):
+def test_runs_inside_a_running_event_loop(fake: FakeServer) -> None:
     async def from_async_test() -> LoadResult:
         return run_load(fake.url("ok", 0, 0), "m", num_prompts=3, concurrency=3, max_tokens=2)
 
     assert asyncio.run(from_async_test()).ok
 
 
-def test_percentiles_match_numpy():
+def test_percentiles_match_numpy() -> None:
     values = [0.001 * v for v in (5, 1, 9, 3, 7, 2, 8)]
     summary = Percentiles.of(values)
     ms = np.array(values) * 1000
@@ -292,19 +299,19 @@ def test_percentiles_match_numpy():
     assert summary.to_dict() == {"mean": summary.mean, "p50": summary.p50, "p90": summary.p90, "p99": summary.p99}
 
 
-def test_prompts_are_distinct_reproducible_and_sized():
+def test_prompts_are_distinct_reproducible_and_sized() -> None:
     prompts = make_prompts(200, 32, seed=1)
     assert prompts == make_prompts(200, 32, seed=1) and prompts != make_prompts(200, 32, seed=2)
     assert len(set(prompts)) == 200 and len({p.split()[0] for p in prompts}) == 200
     assert all(len(p.split()) == 32 for p in prompts)
 
 
-def test_completions_url_accepts_common_base_urls():
+def test_completions_url_accepts_common_base_urls() -> None:
     for base in ("http://h:1", "http://h:1/", "http://h:1/v1", "http://h:1/v1/", "http://h:1/v1/completions"):
         assert completions_url(base) == "http://h:1/v1/completions"
 
 
-def test_result_to_dict_is_json_and_ok_follows_server_alive(fake):
+def test_result_to_dict_is_json_and_ok_follows_server_alive(fake: FakeServer) -> None:
     result = run_load(fake.url("ok", 0, 0), "m", num_prompts=2, concurrency=2, max_tokens=2)
     assert result.ok
     result.server_alive = False
@@ -315,7 +322,7 @@ def test_result_to_dict_is_json_and_ok_follows_server_alive(fake):
     assert data["failure"] is None
 
 
-def test_a_load_failure_is_a_diagnosis_in_the_json(fake):
+def test_a_load_failure_is_a_diagnosis_in_the_json(fake: FakeServer) -> None:
     from pytest_vllm_mem.diagnosis.diagnose import Diagnosis
 
     result = run_load(fake.url("ok", 0, 0), "m", num_prompts=2, concurrency=2, max_tokens=2)
@@ -342,14 +349,14 @@ def test_a_load_failure_is_a_diagnosis_in_the_json(fake):
         ({"timeout_s": 0}, "timeout_s=0"),
     ],
 )
-def test_bad_arguments_raise_one_clear_error(kwargs, fragment):
+def test_bad_arguments_raise_one_clear_error(kwargs: dict[str, Any], fragment: str) -> None:
     with pytest.raises(ValueError, match=fragment):
         run_load("http://127.0.0.1:1", "m", **kwargs)
     with pytest.raises(ValueError, match="base_url"):
         run_load("127.0.0.1:8000", "m")
 
 
-def test_a_spec_with_keyword_overrides_drives_the_load(fake):
+def test_a_spec_with_keyword_overrides_drives_the_load(fake: FakeServer) -> None:
     spec = LoadSpec(num_prompts=3, concurrency=3, max_tokens=7, prompt_len=16, ignore_eos=False)
     result = run_load(fake.url("ok", 0, 0), "m", spec, max_tokens=2)
     assert result.ok and result.num_prompts == 3 and result.total_output_tokens == 3 * 2
@@ -358,7 +365,7 @@ def test_a_spec_with_keyword_overrides_drives_the_load(fake):
     assert spec.max_tokens == 7  # the override made a new spec; the caller's is frozen
 
 
-def test_every_unusable_argument_is_named_in_one_paragraph():
+def test_every_unusable_argument_is_named_in_one_paragraph() -> None:
     with pytest.raises(LoadSpecError) as error:
         run_load("127.0.0.1:8000", "m", num_prompts=0, ignore_eos="yes", nmu_prompts=5)
     message = str(error.value)
@@ -371,7 +378,7 @@ def test_every_unusable_argument_is_named_in_one_paragraph():
     assert isinstance(error.value, ValueError)
 
 
-def test_a_spec_is_checked_and_normalized_when_built():
+def test_a_spec_is_checked_and_normalized_when_built() -> None:
     with pytest.raises(LoadSpecError, match=r"LoadSpec\(\) got unusable arguments: concurrency=True"):
         LoadSpec(concurrency=True)  # a bool is not a count
     with pytest.raises(LoadSpecError, match="request_timeout_s=0 must be a positive number of seconds"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pytest
@@ -14,25 +15,25 @@ A, B = VLLMConfig("tiny", max_model_len=512), VLLMConfig("tiny", max_model_len=1
 
 @dataclass
 class CallSpec:
-    params: dict
+    params: dict[str, object]
 
 
 @dataclass
 class Item:
     name: str
-    fixturenames: tuple = ("vllm_load", "vllm_server", "vllm_config")
+    fixturenames: tuple[str, ...] = ("vllm_load", "vllm_server", "vllm_config")
     callspec: CallSpec | None = None
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
 
 
-def item(name: str, config=None, fixtures: tuple | None = None) -> Item:
+def item(name: str, config: object = None, fixtures: tuple[str, ...] | None = None) -> Item:
     made = Item(name, callspec=CallSpec({"vllm_config": config}) if config is not None else None)
     if fixtures is not None:
         made.fixturenames = fixtures
     return made
 
 
-def names(items) -> list[str]:
+def names(items: Sequence[Item]) -> list[str]:
     return [i.name for i in items]
 
 
@@ -106,7 +107,7 @@ def test_again(vllm_server):
     ],
     ids=["grouped", "keep-order"],
 )
-def test_collection_order(pytester: pytest.Pytester, args: tuple, expected: list) -> None:
+def test_collection_order(pytester: pytest.Pytester, args: tuple[str, ...], expected: list[str]) -> None:
     pytester.makepyfile(test_matrix=SUITE)
     result = pytester.runpytest("-p", "no:cacheprovider", "--collect-only", "-q", *args)
     assert result.ret == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,7 @@ from pytest_vllm_mem.plan.memory_plan import (
     plan,
 )
 from pytest_vllm_mem.plan.modelinfo import (
+    ModelInfo,
     ModelInfoError,
     checkpoint_bytes,
     find_model_folder,
@@ -77,7 +79,7 @@ GEMMA2_9B = {
 }
 
 
-def info(config: dict, name: str = "m"):  # type: ignore[no-untyped-def]
+def info(config: dict[str, Any], name: str = "m") -> ModelInfo:
     return model_info_from_config(config, name=name)
 
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import struct
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
-from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 pytest.importorskip("matplotlib")
 
+from pytest_vllm_mem.baseline.results import TestRecord
 from pytest_vllm_mem.config import VLLMConfig
 from pytest_vllm_mem.diagnosis.diagnose import StartupMemory
 from pytest_vllm_mem.plugin import plots
@@ -63,8 +65,17 @@ def drawn_texts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     texts: list[str] = []
     text, annotate = Axes.text, Axes.annotate
-    monkeypatch.setattr(Axes, "text", lambda self, x, y, s, *a, **k: texts.append(s) or text(self, x, y, s, *a, **k))
-    monkeypatch.setattr(Axes, "annotate", lambda self, s, *a, **k: texts.append(s) or annotate(self, s, *a, **k))
+
+    def recorded_text(self: Axes, x: float, y: float, s: str, *a: Any, **k: Any) -> Any:
+        texts.append(s)
+        return text(self, x, y, s, *a, **k)
+
+    def recorded_annotate(self: Axes, s: str, *a: Any, **k: Any) -> Any:
+        texts.append(s)
+        return annotate(self, s, *a, **k)
+
+    monkeypatch.setattr(Axes, "text", recorded_text)
+    monkeypatch.setattr(Axes, "annotate", recorded_annotate)
     return texts
 
 
@@ -96,7 +107,9 @@ def test_plot_timeline_writes_a_1000x450_png(tmp_path: Path) -> None:
     ],
     ids=["empty", "markers-only", "one-sample", "unfinished-load", "all-zero"],
 )
-def test_plot_timeline_degenerate_inputs_still_plot(tmp_path: Path, samples, markers) -> None:
+def test_plot_timeline_degenerate_inputs_still_plot(
+    tmp_path: Path, samples: list[tuple[float, int]], markers: list[tuple[str, float]]
+) -> None:
     path = plot_timeline(samples, markers, path=tmp_path / "t.png", title="t", tier_bytes=None, tier_label=None)
     assert png_size(path) == (1000, 450)
 
@@ -121,7 +134,12 @@ def test_tier_far_above_the_peak_is_noted_not_drawn(tmp_path: Path, monkeypatch:
     from matplotlib.axes import Axes
 
     original = Axes.axhline
-    monkeypatch.setattr(Axes, "axhline", lambda self, y=0, *a, **k: lines.append(y) or original(self, y, *a, **k))
+
+    def recorded(self: Axes, y: float = 0, *a: Any, **k: Any) -> Any:
+        lines.append(y)
+        return original(self, y, *a, **k)
+
+    monkeypatch.setattr(Axes, "axhline", recorded)
     samples = [(T0 + i, GIB) for i in range(10)]
     plot_timeline(
         samples, [("launch", T0)], path=tmp_path / "t.png", title="t", tier_bytes=141 * 10**9, tier_label="141gb"
@@ -189,41 +207,60 @@ def test_startup_breakdown_lists_what_vllm_printed() -> None:
         "CUDA graphs (12 s)": 0.53,
         "requested": 20.1,
     }
-    assert startup_breakdown({"kv_cache_gib": 0.04, "non_kv_gib": 0.71}) == {"KV cache": 0.04, "non-KV total": 0.71}
+    assert startup_breakdown(StartupMemory(kv_cache_gib=0.04, non_kv_gib=0.71)) == {
+        "KV cache": 0.04,
+        "non-KV total": 0.71,
+    }
     assert startup_breakdown(None) == {}
 
 
 # -- plot_record ------------------------------------------------------------------------------------------------------
 
 
+@dataclass
+class FakeTimeline:
+    samples: list[tuple[float, int]]
+    markers: list[tuple[str, float]]
+
+
+@dataclass
+class FakeServer:
+    """What plots.plot_record reads of a server (plots.PlottedServer)."""
+
+    config: VLLMConfig
+    launched: VLLMConfig
+    pid: int
+    sampler: FakeTimeline
+    memory: StartupMemory | None = None
+    log: str = ""
+    started_at: float = T0
+
+    def log_text(self) -> str:
+        return self.log
+
+
 def fake_server(
     pid: int = 4242, config: VLLMConfig | None = None, *, log: str = "", memory: StartupMemory | None = None
-) -> SimpleNamespace:
+) -> FakeServer:
     samples, markers = startup_and_loads()
     config = config or VLLMConfig("org/Model-7B", gpu_memory_utilization=0.5, max_model_len=1024)
-    return SimpleNamespace(
-        config=config,
-        launched=config,
-        pid=pid,
-        started_at=T0,
-        memory=memory,
-        sampler=SimpleNamespace(samples=samples, markers=markers),
-        log_text=lambda: log,
-    )
+    return FakeServer(config, config, pid, FakeTimeline(samples, markers), memory, log)
 
 
-def fake_record(**changes) -> SimpleNamespace:
-    record = SimpleNamespace(
-        test_id="tests/test_a.py::test_x[A]",
-        tier="24gb",
-        tier_bytes=24 * 10**9,
-        device="NVIDIA L4",
-        backend="cuda",
-        failure=None,
-    )
-    for name, value in changes.items():
-        setattr(record, name, value)
-    return record
+RECORD = TestRecord(
+    test_id="tests/test_a.py::test_x[A]",
+    config="vllm serve org/Model-7B",
+    launched="vllm serve org/Model-7B",
+    tier="24gb",
+    tier_bytes=24 * 10**9,
+    device="NVIDIA L4",
+    backend="cuda",
+    vllm_version="0.32.0",
+)
+
+
+def fake_record(**changes: Any) -> TestRecord:
+    return replace(RECORD, **changes)
 
 
 def test_plot_record_names_the_file_by_server_and_config(tmp_path: Path) -> None:
@@ -250,7 +287,7 @@ def test_plot_record_cpu_failed_and_startup_error(tmp_path: Path) -> None:
 
 
 def test_plot_record_places_log_steps_with_their_durations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: dict = {}
+    seen: dict[str, Any] = {}
     monkeypatch.setattr(plots, "plot_timeline", lambda *a, **k: seen.update(k) or k["path"])
     # The log stamp is 12 s after the launch: launch (monotonic T0) is now - (monotonic now - T0) in wall time.
     launch_wall = time.time() - (time.monotonic() - T0)
@@ -280,7 +317,8 @@ def test_missing_matplotlib_raises_import_error_with_the_install_command(
 
 
 def test_plot_filename_is_safe_and_bounded() -> None:
-    server = SimpleNamespace(pid=7, config=VLLMConfig("/models/a b/M", served_model_name="x/y", max_model_len=8))
+    config = VLLMConfig("/models/a b/M", served_model_name="x/y", max_model_len=8)
+    server = FakeServer(config, config, 7, FakeTimeline([], []))
     name = plot_filename(server)
     assert name.startswith("7-M-") and name.endswith(".png") and "/" not in name and " " not in name
     assert len(name) <= 100

@@ -15,7 +15,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -35,23 +37,23 @@ from stubs.helpers import (
 from pytest_vllm_mem import VLLMConfig, VLLMStartupError
 from pytest_vllm_mem.launch import server as server_module
 from pytest_vllm_mem.launch.pool import ServerPool
-from pytest_vllm_mem.launch.server import LaunchSettings, free_port, launch, stop_all_servers
+from pytest_vllm_mem.launch.server import LaunchSettings, VLLMServer, free_port, launch, stop_all_servers
 from pytest_vllm_mem.load.client import LoadSpec
 from pytest_vllm_mem.load.measure import measured_load
-from pytest_vllm_mem.memory import detect_device, make_probe
+from pytest_vllm_mem.memory import MemoryProbe, detect_device, make_probe
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pytest_vllm_mem"
 FIGURES = Figures()
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _print_figures():
+def _print_figures() -> Iterator[None]:
     yield
     print("\n" + FIGURES.summary("stub servers (test_reliability_unit.py)"))
 
 
 @pytest.fixture(scope="module")
-def probe():
+def probe() -> Iterator[MemoryProbe]:
     probe = make_probe(detect_device(0))
     yield probe
     probe.close()
@@ -63,8 +65,8 @@ def stub_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(key, value)
 
 
-def settings(tmp_path: Path, **overrides) -> LaunchSettings:
-    values = {
+def settings(tmp_path: Path, **overrides: Any) -> LaunchSettings:
+    values: dict[str, Any] = {
         "python": str(FAKE_PYTHON),
         "log_dir": tmp_path / "logs",
         "startup_timeout_s": 30.0,
@@ -78,8 +80,8 @@ def stub(name: str, **env: str) -> dict[str, str]:
     return {"VLLM_STUB": name, **env}
 
 
-def listening_addresses(pids) -> set[str]:
-    addresses = set()
+def listening_addresses(pids: Iterable[int]) -> set[str]:
+    addresses: set[str] = set()
     for pid in pids:
         try:
             for conn in psutil.Process(pid).net_connections(kind="inet"):
@@ -114,7 +116,9 @@ def test_the_package_never_starts_a_shell() -> None:
             assert not re.search(pattern, source), f"{path.name}: {pattern}"
 
 
-def test_launch_binds_loopback_and_passes_hostile_values_unchanged(tmp_path, probe, stub_env) -> None:
+def test_launch_binds_loopback_and_passes_hostile_values_unchanged(
+    tmp_path: Path, probe: MemoryProbe, stub_env: None
+) -> None:
     marker = tmp_path / "pwned"
     hostile = [f"$(touch {marker})", f"; touch {marker}; echo", f"`touch {marker}`"]
     config = VLLMConfig(
@@ -141,7 +145,7 @@ def test_launch_binds_loopback_and_passes_hostile_values_unchanged(tmp_path, pro
 # --- Hangs and stubborn processes -----------------------------------------------------------------------------------
 
 
-def test_startup_hang_times_out_and_stops_the_whole_tree(tmp_path, probe, stub_env) -> None:
+def test_startup_hang_times_out_and_stops_the_whole_tree(tmp_path: Path, probe: MemoryProbe, stub_env: None) -> None:
     pids_file = tmp_path / "hang.pids"
     config = VLLMConfig("stub-model", env=stub("hang_server.py", HANG_PIDS_FILE=str(pids_file)))
     started = time.monotonic()
@@ -161,7 +165,9 @@ def test_startup_hang_times_out_and_stops_the_whole_tree(tmp_path, probe, stub_e
     FIGURES.fault("startup hang (in-process launch)", elapsed - 2.0)
 
 
-def test_server_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path, probe, stub_env) -> None:
+def test_server_that_ignores_sigterm_is_killed_after_the_grace_period(
+    tmp_path: Path, probe: MemoryProbe, stub_env: None
+) -> None:
     pids_file = tmp_path / "hang.pids"
     config = VLLMConfig("stub-model", env=stub("hang_server.py", HANG_PIDS_FILE=str(pids_file), HANG_IGNORE_TERM="1"))
     started = time.monotonic()
@@ -175,7 +181,7 @@ def test_server_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path, 
     FIGURES.fault("server ignoring SIGTERM", elapsed - 1.0)
 
 
-def test_stop_is_idempotent_and_quick_for_a_dead_server(tmp_path, probe, stub_env) -> None:
+def test_stop_is_idempotent_and_quick_for_a_dead_server(tmp_path: Path, probe: MemoryProbe, stub_env: None) -> None:
     config = VLLMConfig("stub-model", env=stub("fake_server.py"))
     server = launch(config, config, settings(tmp_path), probe)
     os.killpg(server.pid, signal.SIGKILL)
@@ -190,7 +196,9 @@ def test_stop_is_idempotent_and_quick_for_a_dead_server(tmp_path, probe, stub_en
 # --- Ports ----------------------------------------------------------------------------------------------------------
 
 
-def test_a_taken_port_is_retried_on_a_fresh_one(tmp_path, probe, stub_env, monkeypatch) -> None:
+def test_a_taken_port_is_retried_on_a_fresh_one(
+    tmp_path: Path, probe: MemoryProbe, stub_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
@@ -207,7 +215,9 @@ def test_a_taken_port_is_retried_on_a_fresh_one(tmp_path, probe, stub_env, monke
     FIGURES.fault("port taken between free_port() and the server's bind")
 
 
-def test_a_port_that_stays_taken_fails_as_a_crash_naming_the_port_error(tmp_path, probe, stub_env, monkeypatch) -> None:
+def test_a_port_that_stays_taken_fails_as_a_crash_naming_the_port_error(
+    tmp_path: Path, probe: MemoryProbe, stub_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
         held.bind(("127.0.0.1", 0))  # bound, not listening: the bind fails, health probes are refused at once
         monkeypatch.setattr(server_module, "free_port", lambda: held.getsockname()[1])
@@ -222,16 +232,19 @@ def test_a_port_that_stays_taken_fails_as_a_crash_naming_the_port_error(tmp_path
 # --- Engine death ---------------------------------------------------------------------------------------------------
 
 
-def sleeper() -> subprocess.Popen:
+def sleeper() -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
 
 
-def test_a_dead_engine_fails_the_load_at_once_and_the_pool_replaces_the_server(tmp_path, probe, stub_env) -> None:
+def test_a_dead_engine_fails_the_load_at_once_and_the_pool_replaces_the_server(
+    tmp_path: Path, probe: MemoryProbe, stub_env: None
+) -> None:
     """vLLM's API server outlives its EngineCore by about a second, answering 500s: the server counts as dead as
     soon as its engine is, so the load stops and is diagnosed, and the pool never hands the server out again."""
     config = VLLMConfig("stub-model", env=stub("fake_server.py"))
     pool = ServerPool(settings(tmp_path), probe)
     server = pool.acquire(config, config, {})
+    assert isinstance(server, VLLMServer)  # a local pool's server
     engine = sleeper()  # stands in for VLLM::EngineCore, which the stub does not have
     server.engine_processes = [psutil.Process(engine.pid)]
     FIGURES.saw([server.pid, engine.pid])
@@ -267,7 +280,7 @@ def test_live_registry_lock_is_reentrant_for_the_sigterm_handler() -> None:
     assert done.stdout.strip() == "ok", done.stderr
 
 
-def test_stop_all_servers_reports_only_live_ones(tmp_path, probe, stub_env) -> None:
+def test_stop_all_servers_reports_only_live_ones(tmp_path: Path, probe: MemoryProbe, stub_env: None) -> None:
     config = VLLMConfig("stub-model", env=stub("fake_server.py"))
     server = launch(config, config, settings(tmp_path), probe)
     assert stop_all_servers(grace_s=5) == [server.pid]
@@ -289,7 +302,9 @@ HANG = VLLMConfig("stub-model", env={"VLLM_STUB": "hang_server.py", "HANG_PIDS_F
 """
 
 
-def inner(pytester: pytest.Pytester, body: str, *args: str, timeout: float = 120) -> tuple[pytest.RunResult, dict]:
+def inner(
+    pytester: pytest.Pytester, body: str, *args: str, timeout: float = 120
+) -> tuple[pytest.RunResult, dict[str, Any]]:
     pytester.makepyfile(test_inner=STUB_CONFIGS + body)
     return run_inner(pytester, *stub_args(pytester.path / "cache"), *args, env=STUB_ENV, timeout=timeout)
 
@@ -317,7 +332,7 @@ def test_hangs(vllm_server):
 
 
 def interrupt_inner(
-    pytester: pytest.Pytester, sig: int, body: str, pid_files: list[str], *args: str
+    pytester: pytest.Pytester, sig: signal.Signals, body: str, pid_files: list[str], *args: str
 ) -> tuple[int, str, float, list[int]]:
     """Start an inner pytest, wait until every stub in `pid_files` runs, send `sig` to pytest (only to it, as a CI
     runner does); returns (exit code, output, seconds until the stubs were gone, their pids)."""
@@ -353,7 +368,7 @@ def interrupt_inner(
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_interrupting_pytest_during_startup_stops_the_server(pytester: pytest.Pytester, sig: int) -> None:
+def test_interrupting_pytest_during_startup_stops_the_server(pytester: pytest.Pytester, sig: signal.Signals) -> None:
     body = """
 @pytest.mark.parametrize("vllm_config", [HANG], ids=["hang"])
 def test_hangs(vllm_server):

@@ -6,13 +6,14 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from fakes import FakeServer
 
 from pytest_vllm_mem.baseline.results import TestRecord
 from pytest_vllm_mem.baseline.store import BaselineEntry, BaselineStore, EnvKey
+from pytest_vllm_mem.config import VLLMConfig
 from pytest_vllm_mem.memory import DeviceInfo
 from pytest_vllm_mem.plugin.gate import Gate, env_key
 from pytest_vllm_mem.plugin.report import (
@@ -325,7 +326,7 @@ def test_a_missing_plot_library_is_a_warning_not_a_failure(
 
     fake_settings(writer).vllm_plots = Path("plots")
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
-    writer.finish_record(make_record(), SimpleNamespace(sampler=None))  # type: ignore[arg-type]
+    writer.finish_record(make_record(), FakeServer(VLLMConfig("m")))
     assert writer.warnings == ["--vllm-plots needs matplotlib: pip install 'pytest-vllm-mem[plots]'"]
     assert not writer.failed
 

@@ -30,18 +30,18 @@ from pytest_vllm_mem.settings import UsageError
 
 @dataclass
 class CallSpec:
-    params: dict
+    params: dict[str, object]
 
 
 @dataclass
 class Item:
     nodeid: str
-    fixturenames: tuple = ("vllm_load", "vllm_server", "vllm_config")
+    fixturenames: tuple[str, ...] = ("vllm_load", "vllm_server", "vllm_config")
     callspec: CallSpec | None = None
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
 
 
-def item(nodeid: str, config: Any = None, fixtures: tuple | None = None) -> Item:
+def item(nodeid: str, config: Any = None, fixtures: tuple[str, ...] | None = None) -> Item:
     made = Item(nodeid, callspec=CallSpec({"vllm_config": config}) if config is not None else None)
     if fixtures is not None:
         made.fixturenames = fixtures
@@ -372,7 +372,9 @@ def run_merge(*args: Path) -> int:
         return int(exit.code or 0)
 
 
-def test_merge_folders_of_baselines_calibrations_and_results(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_merge_folders_of_baselines_calibrations_and_results(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     one, two, out = tmp_path / "shard-1", tmp_path / "shard-2", tmp_path / "out"
     write_baseline(one / ".vllm-mem" / "baselines.json", entry("t::a", 10), entry("t::shared", 5))
     write_baseline(two / ".vllm-mem" / "baselines.json", entry("t::b", 20), entry("t::shared", 5))
@@ -412,7 +414,7 @@ def test_merge_folders_of_baselines_calibrations_and_results(tmp_path: Path, cap
 
 
 def test_conflicting_baseline_entries_name_both_files_and_write_nothing(
-    tmp_path: Path, capsys: pytest.CaptureFixture
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     one, two, out = tmp_path / "shard-1" / "b.json", tmp_path / "shard-2" / "b.json", tmp_path / "merged.json"
     write_baseline(one, entry("t::a", 10))
@@ -434,7 +436,7 @@ def test_merging_into_the_file_the_shards_started_from(tmp_path: Path) -> None:
     assert [e.metrics["output_throughput"] for e in merged.values()] == [15.0, 25.0]
 
 
-def test_bad_merge_arguments_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_bad_merge_arguments_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     folder = tmp_path / "shard"
     folder.mkdir()
     (folder / "r.json").write_text(json.dumps(results("a", record("t::a", "c", FAST))))

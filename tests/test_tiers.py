@@ -9,7 +9,6 @@ from pytest_vllm_mem.config import VLLMConfig
 from pytest_vllm_mem.plan.batch_defaults import BatchDefaults
 from pytest_vllm_mem.plan.batch_rule import BatchRule
 from pytest_vllm_mem.tiers import (
-    GIB,
     Tier,
     TierError,
     device_skip_reason,
@@ -18,6 +17,14 @@ from pytest_vllm_mem.tiers import (
     resolve_tier,
     tier_skip_reason,
 )
+from pytest_vllm_mem.units import GIB
+
+
+def sized(text: str) -> Tier:
+    """The tier of a size (parse_tier gives None only for `auto`)."""
+    tier = parse_tier(text)
+    assert tier is not None
+    return tier
 
 
 @pytest.mark.parametrize(
@@ -77,7 +84,7 @@ def test_resolve_tier() -> None:
 
 def test_emulation_scales_utilization_by_tier_over_device() -> None:
     config = VLLMConfig("m", gpu_memory_utilization=0.9)
-    launched, emulation = emulate_tier(config, parse_tier("24gb"), 80 * 10**9, default_utilization=0.92)
+    launched, emulation = emulate_tier(config, sized("24gb"), 80 * 10**9, default_utilization=0.92)
     assert launched.flag("gpu_memory_utilization") == pytest.approx(0.27)
     assert emulation is not None
     assert emulation.utilization_before == 0.9
@@ -89,7 +96,7 @@ def test_emulation_scales_utilization_by_tier_over_device() -> None:
 
 def test_emulation_uses_the_default_utilization_when_unset() -> None:
     config = VLLMConfig("m", max_model_len=64)
-    launched, emulation = emulate_tier(config, parse_tier("40gb"), 80 * 10**9, default_utilization=0.92)
+    launched, emulation = emulate_tier(config, sized("40gb"), 80 * 10**9, default_utilization=0.92)
     assert emulation is not None and emulation.utilization_before == 0.92
     assert launched.flag("gpu_memory_utilization") == pytest.approx(0.46)
     assert launched.flag("max_model_len") == 64
@@ -98,13 +105,13 @@ def test_emulation_uses_the_default_utilization_when_unset() -> None:
 @pytest.mark.parametrize("device_bytes", [24 * 10**9, 20 * 10**9, int(24 * 10**9 * 1.005)])
 def test_no_emulation_when_the_device_is_not_larger_than_the_tier(device_bytes: int) -> None:
     config = VLLMConfig("m")
-    launched, emulation = emulate_tier(config, parse_tier("24gb"), device_bytes, default_utilization=0.9)
+    launched, emulation = emulate_tier(config, sized("24gb"), device_bytes, default_utilization=0.9)
     assert emulation is None
     assert launched is config
 
 
 def test_emulation_just_above_the_threshold() -> None:
-    _, emulation = emulate_tier(VLLMConfig("m"), parse_tier("24gb"), int(24 * 10**9 * 1.01), 0.9)
+    _, emulation = emulate_tier(VLLMConfig("m"), sized("24gb"), int(24 * 10**9 * 1.01), 0.9)
     assert emulation is not None
 
 
@@ -115,7 +122,7 @@ def test_no_emulation_on_the_auto_tier() -> None:
 
 
 def test_tier_skip_reasons() -> None:
-    tier8, tier16, tier24 = parse_tier("8gb"), parse_tier("16gb"), parse_tier("24gb")
+    tier8, tier16, tier24 = sized("8gb"), sized("16gb"), sized("24gb")
     reason = tier_skip_reason(tier8, tier24, None)
     assert reason is not None and "24gb" in reason and "8gb" in reason
     reason = tier_skip_reason(tier24, None, tier16)
@@ -126,10 +133,10 @@ def test_tier_skip_reasons() -> None:
 
 
 def test_device_skip_reason() -> None:
-    reason = device_skip_reason(parse_tier("80gb"), "NVIDIA L4", 24_150_000_000)
+    reason = device_skip_reason(sized("80gb"), "NVIDIA L4", 24_150_000_000)
     assert reason is not None
     assert "80gb" in reason and "NVIDIA L4" in reason and "larger than this device" in reason
-    assert device_skip_reason(parse_tier("24gb"), "NVIDIA L4", 24_150_000_000) is None
+    assert device_skip_reason(sized("24gb"), "NVIDIA L4", 24_150_000_000) is None
 
 
 # --- issue 23 items 2 and 4: batch defaults and the user's units under emulation ---------------------------------
@@ -170,11 +177,11 @@ def test_installed_vllms_rule_reads_as_its_source_says() -> None:
     assert pair(rule.defaults(H200_CUDA_TOTAL, "NVIDIA H200")) == (8192, 1024)
     assert pair(rule.defaults(B200_CUDA_TOTAL, "NVIDIA B200")) == (16384, 1024)
     assert pair(rule.defaults(80 * GIB, "NVIDIA A100-SXM4-80GB")) == (2048, 256)
-    assert pair(rule.defaults(parse_tier("24gb").bytes)) == (2048, 256)
+    assert pair(rule.defaults(sized("24gb").bytes)) == (2048, 256)
 
 
 def test_emulating_24gb_on_an_h200_launches_a_24gb_cards_batch_defaults() -> None:
-    tier = parse_tier("24gb")
+    tier = sized("24gb")
     assert tier is not None
     batch = as_batch_rule(vllm_rule(), "NVIDIA H200")
     launched, emulation = emulate_tier(VLLMConfig("m"), tier, H200_CUDA_TOTAL, 0.92, batch)
@@ -186,9 +193,7 @@ def test_emulating_24gb_on_an_h200_launches_a_24gb_cards_batch_defaults() -> Non
     throughput, _ = emulate_tier(VLLMConfig("m", performance_mode="throughput"), tier, H200_CUDA_TOTAL, 0.92, batch)
     assert throughput.flag("max_num_batched_tokens") == 4096  # vLLM doubles its defaults in throughput mode
     # 80gb on a B200: a >= 70 GiB card's 8192/1024, not the B200's 16384.
-    big, _ = emulate_tier(
-        VLLMConfig("m"), parse_tier("80gb"), B200_CUDA_TOTAL, 0.92, as_batch_rule(vllm_rule(), "B200")
-    )
+    big, _ = emulate_tier(VLLMConfig("m"), sized("80gb"), B200_CUDA_TOTAL, 0.92, as_batch_rule(vllm_rule(), "B200"))
     assert (big.flag("max_num_batched_tokens"), big.flag("max_num_seqs")) == (8192, 1024)
 
 

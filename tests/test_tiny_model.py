@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,11 +23,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
-def _safetensors_header(path: Path) -> dict:
+def _safetensors_header(path: Path) -> dict[str, Any]:
     raw = path.read_bytes()
     length = int.from_bytes(raw[:8], "little")
     assert (8 + length) % 8 == 0
-    header = json.loads(raw[8 : 8 + length])
+    header: dict[str, Any] = json.loads(raw[8 : 8 + length])
     data_len = len(raw) - 8 - length
     assert max(info["data_offsets"][1] for name, info in header.items() if name != "__metadata__") == data_len
     return header
@@ -171,7 +172,7 @@ def test_interrupted_build_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Mo
     "kwargs",
     [{"max_position_embeddings": 64}, {"max_position_embeddings": "4096"}, {"seed": -1}, {"dtype": "float16"}],
 )
-def test_bad_parameters_are_rejected(tmp_path: Path, kwargs: dict) -> None:
+def test_bad_parameters_are_rejected(tmp_path: Path, kwargs: dict[str, Any]) -> None:
     with pytest.raises(TinyModelError, match="build_tiny_model"):
         build_tiny_model(tmp_path / "m", **kwargs)
 

@@ -4,28 +4,35 @@ handling."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
+from fakes import FakeServer
 
 import pytest_vllm_mem.tune.search as tune_module
 from pytest_vllm_mem.cli import main as cli
 from pytest_vllm_mem.config import VLLMConfig
 from pytest_vllm_mem.diagnosis.diagnose import Diagnosis, StartupMemory
+from pytest_vllm_mem.kinds import FailureKind
 from pytest_vllm_mem.launch.flagcheck import ParserTable
+from pytest_vllm_mem.launch.launcher import RunningServer
 from pytest_vllm_mem.launch.server import StartupOutcome, VLLMStartupError
-from pytest_vllm_mem.load.client import LoadResult, Percentiles
-from pytest_vllm_mem.tiers import Tier
+from pytest_vllm_mem.load.client import LoadResult, LoadSpec, Percentiles
+from pytest_vllm_mem.memory import DeviceInfo
+from pytest_vllm_mem.tiers import Emulation, Tier
 from pytest_vllm_mem.tune.search import (
     NOT_MEMORY,
     OK,
     TOO_HIGH,
     TOO_LOW,
     TUNE_LOAD,
-    LoadSpec,
     Trial,
     TuneError,
+    TuneResult,
+    TuneSession,
     candidate_values,
     failure_side,
     run_trial,
@@ -36,30 +43,36 @@ from pytest_vllm_mem.tune.search import (
 from pytest_vllm_mem.units import format_bytes
 
 GIB = 2**30
+T = TypeVar("T")
 
 
-def gpu_like(u_max: float, u_min: float = 0.0):
+@dataclass
+class GpuLike:
     """Works in [u_min, u_max]; cuda_oom above, kv_cache_insufficient below. Records the values tried."""
-    tried: list[float] = []
 
-    def trial(u: float) -> Trial:
-        tried.append(u)
-        if u > u_max + 1e-9:
+    u_max: float
+    u_min: float = 0.0
+    tried: list[float] = field(default_factory=list)
+
+    def __call__(self, u: float) -> Trial:
+        self.tried.append(u)
+        if u > self.u_max + 1e-9:
             return Trial(u, "cuda_oom", TOO_HIGH, summary="out of memory under load")
-        if u < u_min - 1e-9:
+        if u < self.u_min - 1e-9:
             return Trial(u, "kv_cache_insufficient", TOO_LOW, summary="KV cache too small")
         return Trial(u, OK, OK, peak_memory_bytes=int(u * 24e9), kv_cache_tokens=int(u * 1e5), output_throughput=1000.0)
 
-    trial.tried = tried  # type: ignore[attr-defined]
-    return trial
+
+def gpu_like(u_max: float, u_min: float = 0.0) -> GpuLike:
+    return GpuLike(u_max, u_min)
 
 
-def cpu_like(u_min: float):
+def cpu_like(u_min: float) -> Callable[[float], Trial]:
     """The CPU backend: below u_min the worker's share is used up before the KV cache (host_memory, negative KV)."""
 
     def trial(u: float) -> Trial:
         if u < u_min - 1e-9:
-            kind = "host_memory"
+            kind: FailureKind = "host_memory"
             return Trial(u, kind, failure_side(kind, {"kv_requested_gib": -0.5}), summary="nothing left for KV")
         return Trial(u, OK, OK, peak_memory_bytes=2 * GIB)
 
@@ -77,7 +90,8 @@ def test_grid_ends_on_high_and_steps_by_resolution() -> None:
 def test_finds_the_highest_working_value_within_the_budget() -> None:
     fake = gpu_like(u_max=0.72)
     result = search(fake, low=0.5, high=0.95, resolution=0.05, max_startups=6, goal="highest")
-    assert result.best.utilization == 0.7 and result.first_failing.utilization == 0.75
+    best, failing = result.best, result.first_failing
+    assert best is not None and best.utilization == 0.7 and failing is not None and failing.utilization == 0.75
     assert result.converged and len(result.trials) <= 6
     assert fake.tried[0] == 0.95  # the far end first: it is the answer when it works
     assert [t.number for t in result.trials] == list(range(1, len(result.trials) + 1))
@@ -99,7 +113,8 @@ def test_every_boundary_position_is_found_in_log2_startups(goal: str) -> None:
 
 def test_top_of_the_range_working_ends_after_one_startup() -> None:
     result = search(gpu_like(u_max=1.0), low=0.5, high=0.9, resolution=0.1, goal="highest")
-    assert len(result.trials) == 1 and result.best.utilization == 0.9 and result.first_failing is None
+    assert len(result.trials) == 1 and result.best is not None and result.best.utilization == 0.9
+    assert result.first_failing is None
     assert "the top of the range (0.9) works" in result.verdict and "raise --high" in result.verdict
 
 
@@ -113,11 +128,12 @@ def test_wrong_direction_is_reported_not_searched() -> None:
 
 def test_lowest_goal_on_a_cpu_like_backend() -> None:
     result = search(cpu_like(u_min=0.11), low=0.01, high=0.25, resolution=0.04, max_startups=5, goal="lowest")
-    assert result.best.utilization == 0.13 and result.first_failing.utilization == 0.09
-    assert result.first_failing.outcome == "host_memory" and result.converged
+    best, failing = result.best, result.first_failing
+    assert best is not None and best.utilization == 0.13 and failing is not None and failing.utilization == 0.09
+    assert failing.outcome == "host_memory" and result.converged
     assert result.trials[0].utilization == 0.01
     assert len(result.trials) <= 5
-    assert all(t.utilization < result.best.utilization for t in result.trials if not t.ok)
+    assert all(t.utilization < best.utilization for t in result.trials if not t.ok)
     assert "leave a margin" in result.verdict
 
 
@@ -174,7 +190,7 @@ def test_a_failure_no_utilization_fixes_stops_the_search() -> None:
         ("ok", {}, False, OK),
     ],
 )
-def test_failure_sides(kind: str, figures: dict, during_load: bool, side: str) -> None:
+def test_failure_sides(kind: str, figures: dict[str, float], during_load: bool, side: str) -> None:
     assert failure_side(kind, figures, during_load=during_load) == side
 
 
@@ -188,25 +204,12 @@ def test_failure_sides(kind: str, figures: dict, during_load: bool, side: str) -
         ({"low": 0.5, "high": 0.6, "max_startups": 0}, "max_startups=0"),
     ],
 )
-def test_unusable_ranges_are_refused_by_name(kwargs: dict, named: str) -> None:
+def test_unusable_ranges_are_refused_by_name(kwargs: dict[str, Any], named: str) -> None:
     with pytest.raises(TuneError, match=named.replace(".", r"\.")):
         search(gpu_like(1.0), **{"resolution": 0.05, **kwargs})
 
 
 # --- one real-shaped trial, with a fake session ---------------------------------------------------------------
-
-
-@dataclass
-class FakeServer:
-    launched: VLLMConfig
-    peak: int
-    memory: StartupMemory = field(default_factory=lambda: StartupMemory(kv_cache_tokens=120_000))
-    log_path: Path = Path("server.log")
-    per_gpu: tuple[int, ...] = ()
-
-    @property
-    def startup(self) -> StartupOutcome:
-        return StartupOutcome(True, "started", 30.0, self.peak, self.per_gpu)
 
 
 class FakePool:
@@ -218,13 +221,18 @@ class FakePool:
 
 
 class FakeState:
-    def __init__(self, fail_below: float = 0.0, peak: int = 2 * GIB) -> None:
+    """A session as the tuner sees one (tune.search.TuneSession): a CPU device, a fake parser table, fake servers."""
+
+    preflight = False
+
+    def __init__(self, fail_below: float = 0.0, peak: int = 2 * GIB, per_gpu: tuple[int, ...] = ()) -> None:
         self.pool = FakePool()
         self.fail_below = fail_below
         self.peak = peak
+        self.per_gpu = per_gpu
         self.started: list[VLLMConfig] = []
         self.tier = Tier("8gb", 8 * 10**9)
-        self.device = type("Device", (), {"backend": "cpu", "name": "fake CPU", "total_bytes": 16 * GIB})()
+        self.device = DeviceInfo("cpu", "fake CPU", 16 * GIB, None)
         self.parser_table = ParserTable(
             "0.32.0",
             {
@@ -234,18 +242,16 @@ class FakeState:
             {},
         )
 
-    preflight = False
-
     def device_total_now(self, config: VLLMConfig | None = None) -> int:
         return self.device.total_bytes
 
-    def launched_config(self, config: VLLMConfig):
+    def launched_config(self, config: VLLMConfig) -> tuple[VLLMConfig, Emulation | None, list[str]]:
         return config, None, []
 
     def plan(self, config: VLLMConfig, launched: VLLMConfig) -> None:
         return None  # plans nothing: every trial is a startup
 
-    def launch(self, config: VLLMConfig) -> FakeServer:
+    def launch(self, config: VLLMConfig) -> RunningServer:
         self.started.append(config)
         utilization = float(config.flag("gpu_memory_utilization"))
         if utilization < self.fail_below:
@@ -253,10 +259,11 @@ class FakeState:
             raise VLLMStartupError(
                 diagnosis, config, Path("failed.log"), StartupOutcome(False, "host_memory", 20.0, GIB)
             )
-        return FakeServer(config, self.peak)
+        startup = StartupOutcome(True, "started", 30.0, self.peak, self.per_gpu)
+        return FakeServer(config, startup, StartupMemory(kv_cache_tokens=120_000))
 
 
-def _load_result(**changes) -> LoadResult:
+def _load_result(**changes: Any) -> LoadResult:
     zero = Percentiles(0, 0, 0, 0)
     result = LoadResult(
         num_prompts=8,
@@ -282,18 +289,19 @@ def _load_result(**changes) -> LoadResult:
 
 
 @pytest.fixture
-def fake_load(monkeypatch: pytest.MonkeyPatch):
-    calls = []
+def fake_load(monkeypatch: pytest.MonkeyPatch) -> list[LoadSpec]:
+    """The tuner's loads, answered without a server: each returns _load_result(); the specs asked for."""
+    calls: list[LoadSpec] = []
 
-    def measured_load(server, spec):
+    def measure_load(server: RunningServer, spec: LoadSpec) -> LoadResult:
         calls.append(spec)
         return _load_result()
 
-    monkeypatch.setattr(tune_module, "measured_load", measured_load)
+    monkeypatch.setattr(tune_module, "measure_load", measure_load)
     return calls
 
 
-def test_trial_starts_loads_and_stops(fake_load) -> None:
+def test_trial_starts_loads_and_stops(fake_load: list[LoadSpec]) -> None:
     state = FakeState()
     lines: list[str] = []
     trial = run_trial(
@@ -317,14 +325,14 @@ def test_trial_starts_loads_and_stops(fake_load) -> None:
 
 
 def test_trial_over_the_tier_fails_as_too_high(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tune_module, "measured_load", lambda server, spec: _load_result(peak_memory_bytes=9 * GIB))
+    monkeypatch.setattr(tune_module, "measure_load", lambda server, spec: _load_result(peak_memory_bytes=9 * GIB))
     state = FakeState()
     trial = run_trial(state, VLLMConfig("tiny"), 0.9, LoadSpec(), state.tier, lambda line: None)
     assert trial.outcome == "tier_exceeded" and trial.side == TOO_HIGH and trial.phase == "peak"
     assert "exceeds the 8gb tier" in trial.summary
 
 
-def test_trial_failing_at_startup_keeps_the_diagnosis(fake_load) -> None:
+def test_trial_failing_at_startup_keeps_the_diagnosis(fake_load: list[LoadSpec]) -> None:
     state = FakeState(fail_below=0.1)
     trial = run_trial(state, VLLMConfig("tiny"), 0.05, LoadSpec(), state.tier, lambda line: None)
     assert trial.outcome == "host_memory" and trial.side == TOO_LOW and trial.log_path == "failed.log"
@@ -333,17 +341,17 @@ def test_trial_failing_at_startup_keeps_the_diagnosis(fake_load) -> None:
 
 
 def test_trial_stops_the_server_when_the_load_is_interrupted(monkeypatch: pytest.MonkeyPatch) -> None:
-    def interrupted(server, spec):
+    def interrupted(server: RunningServer, spec: LoadSpec) -> LoadResult:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(tune_module, "measured_load", interrupted)
+    monkeypatch.setattr(tune_module, "measure_load", interrupted)
     state = FakeState()
     with pytest.raises(KeyboardInterrupt):
         run_trial(state, VLLMConfig("tiny"), 0.5, LoadSpec(), state.tier, lambda line: None)
     assert state.pool.releases == 2
 
 
-def test_tune_prints_progress_and_recommends(fake_load) -> None:
+def test_tune_prints_progress_and_recommends(fake_load: list[LoadSpec]) -> None:
     state = FakeState(fail_below=0.11)
     lines: list[str] = []
     result = tune(
@@ -356,7 +364,9 @@ def test_tune_prints_progress_and_recommends(fake_load) -> None:
         out=lines.append,
     )
     text = "\n".join(lines)
-    assert result.ok and result.recommended.utilization == 0.13  # CPU backend: the lowest working value
+    assert (
+        result.ok and result.recommended is not None and result.recommended.utilization == 0.13
+    )  # CPU backend: the lowest working value
     starts = [line for line in lines if line.startswith("starting trial ")]
     assert len(starts) == len(result.search.trials) <= 5
     assert starts[0] == "starting trial 1/5: gpu_memory_utilization=0.01 max-model-len=1024 on the 8gb tier ..."
@@ -405,7 +415,7 @@ def test_tune_refuses_an_unknown_flag_before_any_startup() -> None:
         (["tune"], "the following arguments are required: --model"),
     ],
 )
-def test_bad_arguments_exit_2_naming_the_input(argv: list[str], named: str, capsys) -> None:
+def test_bad_arguments_exit_2_naming_the_input(argv: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         cli.main(argv)
     assert exit_info.value.code == 2
@@ -413,7 +423,7 @@ def test_bad_arguments_exit_2_naming_the_input(argv: list[str], named: str, caps
     assert named in err and "Traceback" not in err
 
 
-def test_help_lists_the_subcommands(capsys) -> None:
+def test_help_lists_the_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["--help"])
     assert exit_info.value.code == 0
@@ -430,10 +440,12 @@ def test_flags_parse_to_a_config() -> None:
     assert settings.vllm_model == "tiny" and settings.vllm_gpu == "auto" and settings.vllm_max_servers == 1
 
 
-def test_ctrl_c_stops_the_session_and_exits_130(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys) -> None:
+def test_ctrl_c_stops_the_session_and_exits_130(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     closed = []
 
-    def interrupted(state, config, **kwargs):
+    def interrupted(state: TuneSession, config: VLLMConfig, **kwargs: Any) -> TuneResult:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "tune", interrupted)
@@ -447,11 +459,11 @@ def test_ctrl_c_stops_the_session_and_exits_130(monkeypatch: pytest.MonkeyPatch,
     "flags, changed", [([], {}), (["--concurrency", "4", "--max-tokens", "8"], {"concurrency": 4, "max_tokens": 8})]
 )
 def test_the_cli_load_is_the_tuners_load_with_its_flags(
-    flags: list[str], changed: dict[str, int], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    flags: list[str], changed: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     loads = []
 
-    def recorded(state, config, **kwargs):
+    def recorded(state: TuneSession, config: VLLMConfig, **kwargs: Any) -> TuneResult:
         loads.append(kwargs["load"])
         raise KeyboardInterrupt  # stop before any startup
 
@@ -462,7 +474,7 @@ def test_the_cli_load_is_the_tuners_load_with_its_flags(
 
 
 def test_exit_codes_follow_the_recommendation(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    def fake_tune(state, config, **kwargs):
+    def fake_tune(state: TuneSession, config: VLLMConfig, **kwargs: Any) -> TuneResult:
         fake = gpu_like(u_max=kwargs["high"] if kwargs["low"] < 0.5 else 0.1)
         found = search(
             fake,
@@ -513,11 +525,10 @@ def test_a_multi_gpu_trial_holds_the_fullest_gpu_against_the_tier(
     total = sum(load_per_gpu)
     monkeypatch.setattr(
         tune_module,
-        "measured_load",
+        "measure_load",
         lambda server, spec: _load_result(peak_memory_bytes=total, peak_memory_per_gpu=load_per_gpu),
     )
-    state = FakeState()
-    state.launch = lambda config: FakeServer(config, 4 * GIB, per_gpu=(2 * GIB, 2 * GIB))  # type: ignore[method-assign]
+    state = FakeState(peak=4 * GIB, per_gpu=(2 * GIB, 2 * GIB))
     trial = run_trial(state, VLLMConfig("tiny"), 0.9, LoadSpec(), state.tier, lambda line: None)
     assert trial.outcome == outcome
     assert trial.peak_memory_bytes == total and trial.largest_gpu_peak_bytes == max(load_per_gpu)

@@ -9,7 +9,7 @@ known config (no vllm_server, or vllm_start with a config chosen in the test bod
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 __all__ = ["DEFAULT_CONFIG", "group_by_server_config", "server_config_key"]
 
@@ -20,7 +20,8 @@ _SERVER_FIXTURES = ("vllm_server", "vllm_load")
 
 
 class _Item(Protocol):
-    fixturenames: Sequence[str]
+    @property
+    def fixturenames(self) -> Sequence[str]: ...
 
 
 def server_config_key(item: _Item) -> Hashable | None:
@@ -38,14 +39,17 @@ def server_config_key(item: _Item) -> Hashable | None:
     return config
 
 
-def group_by_server_config(items: Sequence[_Item]) -> list[_Item]:
+T = TypeVar("T", bound=_Item)
+
+
+def group_by_server_config(items: Sequence[T]) -> list[T]:
     """`items` with the tests of each server config moved up behind the first test that needs it."""
     keys = [server_config_key(item) for item in items]
     members: dict[Hashable, list[int]] = {}
     for index, key in enumerate(keys):
         if key is not None:
             members.setdefault(key, []).append(index)
-    ordered: list[_Item] = []
+    ordered: list[T] = []
     placed: set[Hashable] = set()
     for item, key in zip(items, keys):
         if key is None:

@@ -12,10 +12,12 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from pytest_vllm_mem.config import VLLMConfig
 from pytest_vllm_mem.diagnosis.diagnose import (
     STARTUP_PHASES,
+    StartupMemory,
     record_stamp,
     startup_milestone,
     strip_ansi,
@@ -25,7 +27,6 @@ from pytest_vllm_mem.units import GIB
 
 if TYPE_CHECKING:
     from pytest_vllm_mem.baseline.results import TestRecord
-    from pytest_vllm_mem.launch.server import VLLMServer
 
 FIGURE_INCHES = (10.0, 4.5)
 DPI = 100  # 1000 x 450 px: readable in a GitHub markdown summary without zooming
@@ -41,6 +42,38 @@ PHASE_COLOR = "#555555"
 # A tier this many times above the peak would squash the curve into the bottom of the plot: note it instead.
 TIER_OFF_SCALE_RATIO = 8.0
 PHASE_MIN_GAP_S = 0.6  # log stamps have 1 s resolution: closer steps are the same second
+
+
+class Timeline(Protocol):
+    """What a plot reads of a server's memory sampler (memory.MemorySampler)."""
+
+    @property
+    def samples(self) -> list[tuple[float, int]]: ...
+    @property
+    def markers(self) -> list[tuple[str, float]]: ...
+
+
+class PlottedServer(Protocol):
+    """What a plot reads of a server (launch.server.VLLMServer): its configs, pid, sampler, startup figures, log."""
+
+    @property
+    def config(self) -> VLLMConfig: ...
+    @property
+    def launched(self) -> VLLMConfig: ...
+    @property
+    def pid(self) -> int: ...
+    @property
+    def memory(self) -> StartupMemory | None: ...
+    @property
+    def sampler(self) -> Timeline: ...
+    def log_text(self) -> str: ...
+
+
+class NamedServer(Protocol):
+    @property
+    def pid(self) -> int: ...
+    @property
+    def config(self) -> VLLMConfig: ...
 
 
 @dataclass(frozen=True)
@@ -116,24 +149,19 @@ def log_event_times(log_text: str, launch_wall: float) -> dict[str, float]:
     return events
 
 
-def startup_breakdown(memory: Any) -> dict[str, float]:
+def startup_breakdown(memory: StartupMemory | None) -> dict[str, float]:
     """What vLLM's startup log said it spent, in GiB, labelled for the side panel; empty when it printed nothing."""
     if memory is None:
         return {}
-
-    def get(name: str) -> Any:  # a StartupMemory, or its dict in a record
-        return memory.get(name) if isinstance(memory, dict) else getattr(memory, name, None)
-
-    weights_s, graphs_s = get("weights_load_s"), get("graph_capture_s")
+    weights_s, graphs_s = memory.weights_load_s, memory.graph_capture_s
     rows: dict[str, float] = {}
-    for label, name in (
-        (f"weights ({weights_s:.0f} s)" if weights_s is not None else "weights", "weights_gib"),
-        ("KV cache", "kv_cache_gib"),
-        (f"CUDA graphs ({graphs_s:.0f} s)" if graphs_s is not None else "CUDA graphs", "graph_capture_gib"),
-        ("non-KV total", "non_kv_gib"),
-        ("requested", "requested_gib"),
+    for label, value in (
+        (f"weights ({weights_s:.0f} s)" if weights_s is not None else "weights", memory.weights_gib),
+        ("KV cache", memory.kv_cache_gib),
+        (f"CUDA graphs ({graphs_s:.0f} s)" if graphs_s is not None else "CUDA graphs", memory.graph_capture_gib),
+        ("non-KV total", memory.non_kv_gib),
+        ("requested", memory.requested_gib),
     ):
-        value = get(name)
         if value is not None:
             rows[label] = float(value)
     return rows
@@ -555,7 +583,7 @@ def _draw_side_panel(
 _SLUG = re.compile(r"[^A-Za-z0-9_.=-]+")
 
 
-def plot_filename(server: Any) -> str:
+def plot_filename(server: NamedServer) -> str:
     """`12345-tiny-gpu-memory-utilization=0.1_max-model-len=1024.png`: pid + what ran, so tests sharing a server
     share (and refresh) one file and two servers never collide."""
     config = server.config
@@ -563,18 +591,19 @@ def plot_filename(server: Any) -> str:
     return f"{server.pid}-{slug}.png"
 
 
-def _with_duration(event: str, memory: Any) -> str:
+def _with_duration(event: str, memory: StartupMemory | None) -> str:
     """`engine ready (init 8.4 s)`: the step's own duration from the log, where vLLM printed one."""
-    field, wording = {
-        "weights loaded": ("weights_load_s", ""),
-        "graphs captured": ("graph_capture_s", ""),
-        "engine ready": ("engine_init_s", "init "),
+    if memory is None:
+        return event
+    seconds, wording = {
+        "weights loaded": (memory.weights_load_s, ""),
+        "graphs captured": (memory.graph_capture_s, ""),
+        "engine ready": (memory.engine_init_s, "init "),
     }.get(event, (None, ""))
-    seconds = getattr(memory, field, None) if field else None
     return f"{event} ({wording}{seconds:.1f} s)" if seconds is not None else event
 
 
-def plot_record(record: TestRecord, server: VLLMServer | None, plots_dir: Path) -> Path:
+def plot_record(record: TestRecord, server: PlottedServer | None, plots_dir: Path) -> Path:
     """Draw the timeline of `server`, the one behind `record` (a running server, or the stopped one of a failed
     startup), into `plots_dir`; returns the path.
 

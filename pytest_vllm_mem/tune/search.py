@@ -21,9 +21,10 @@ from typing import Any, Literal, Protocol
 from pytest_vllm_mem.config import VLLMConfig
 from pytest_vllm_mem.kinds import FailureKind, is_failure_kind
 from pytest_vllm_mem.launch.flagcheck import ParserTable, flag_problems
-from pytest_vllm_mem.launch.server import VLLMServer, VLLMStartupError
+from pytest_vllm_mem.launch.launcher import RunningServer
+from pytest_vllm_mem.launch.server import VLLMStartupError
 from pytest_vllm_mem.load.client import LoadSpec
-from pytest_vllm_mem.load.measure import measured_load
+from pytest_vllm_mem.load.measure import measure_load
 from pytest_vllm_mem.memory import DeviceInfo
 from pytest_vllm_mem.plan.memory_plan import Plan
 from pytest_vllm_mem.tiers import Emulation, Tier
@@ -49,7 +50,7 @@ class TuneSession(Protocol):
     def preflight(self) -> bool: ...
     def device_total_now(self, config: VLLMConfig | None = None) -> int: ...
     def launched_config(self, config: VLLMConfig) -> tuple[VLLMConfig, Emulation | None, list[str]]: ...
-    def launch(self, config: VLLMConfig) -> VLLMServer: ...
+    def launch(self, config: VLLMConfig) -> RunningServer: ...
     def plan(self, config: VLLMConfig, launched: VLLMConfig) -> Plan | None: ...
 
 
@@ -409,7 +410,7 @@ def run_trial(
             + (f", KV cache {kv_tokens:,} tokens" if kv_tokens else "")
             + f"; load: {load.num_prompts} prompts, {load.concurrency} concurrent, {load.max_tokens} tokens each"
         )
-        result = measured_load(server, load)
+        result = measure_load(server, load)
         startup_peak = server.startup.peak_memory_bytes if server.startup else 0
         peak = max(startup_peak, result.peak_memory_bytes or 0) or None
         largest = largest_gpu_peak(

@@ -29,10 +29,10 @@ MODEL = arg("--served-model-name", model())
 
 
 class Handler(BaseHTTPRequestHandler):
-    def log_message(self, format: str, *args) -> None:  # quiet: the server log is what the plugin quotes
+    def log_message(self, format: str, *args: object) -> None:  # quiet: the server log is what the plugin quotes
         pass
 
-    def _json(self, data: dict) -> None:
+    def _json(self, data: dict[str, object]) -> None:
         body = json.dumps(data).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -74,10 +74,10 @@ def main() -> None:
     if os.environ.get("FAKE_LOG_LINE"):  # a line real vLLM would log during startup, for the plugin to react to
         print(os.environ["FAKE_LOG_LINE"], flush=True)
     time.sleep(float(os.environ.get("FAKE_STARTUP_S", "0")))
-    server = ThreadingHTTPServer((arg("--host", "127.0.0.1"), int(arg("--port", "0"))), Handler)
+    host = arg("--host", "127.0.0.1")
+    server = ThreadingHTTPServer((host, int(arg("--port", "0"))), Handler)
     print(
-        f"(APIServer pid={os.getpid()}) INFO [entry.py:140] Starting vLLM server on "
-        f"http://{server.server_address[0]}:{server.server_address[1]}",
+        f"(APIServer pid={os.getpid()}) INFO [entry.py:140] Starting vLLM server on http://{host}:{server.server_port}",
         flush=True,
     )
     server.serve_forever()

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 import psutil
@@ -55,7 +56,7 @@ def stub_args(cache_dir: Path) -> list[str]:
     return [f"--vllm-python={FAKE_PYTHON}", f"--vllm-cache-dir={cache_dir}"]
 
 
-def running(pids) -> list[int]:
+def running(pids: Iterable[int]) -> list[int]:
     """The pids that still run (zombies do not count: they hold nothing but a process-table entry)."""
     alive = []
     for pid in pids:
@@ -67,7 +68,7 @@ def running(pids) -> list[int]:
     return alive
 
 
-def wait_gone(pids, timeout_s: float) -> float:
+def wait_gone(pids: Collection[int], timeout_s: float) -> float:
     """Seconds until none of `pids` runs; raises AssertionError naming the survivors after `timeout_s`."""
     started = time.monotonic()
     while running(pids):
@@ -84,7 +85,7 @@ def tree_pids(root: int) -> list[int]:
         return [root]
 
 
-def kill_quietly(pids) -> None:
+def kill_quietly(pids: Iterable[int]) -> None:
     """Stop leftovers by pid (a failed test must not leave them to the next one)."""
     for pid in running(pids):
         try:
@@ -93,7 +94,7 @@ def kill_quietly(pids) -> None:
             pass
 
 
-def popen_pytest(cwd: Path, args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+def popen_pytest(cwd: Path, args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     """An inner pytest we can signal ourselves (pytester's runners cannot be interrupted mid-run)."""
     with open(log, "wb") as out:
         return subprocess.Popen(
@@ -119,7 +120,7 @@ class Figures:
         if seconds is not None:
             print(f"[reliability] {name}: {seconds:.2f} s from fault to failed test / stopped processes")
 
-    def saw(self, pids) -> None:
+    def saw(self, pids: Iterable[int | str]) -> None:
         self.pids.update(int(pid) for pid in pids)
 
     def left(self) -> list[int]:
