@@ -25,7 +25,8 @@ import secrets
 import socket
 import stat
 import statistics
-from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -444,37 +445,24 @@ class BaselineStore:
                     f"Baseline file {self.path}: the entry for {test_id} ({env_str}) has a non-finite number "
                     f"(NaN or infinity) in {data['metrics']}; it was not written."
                 ) from None
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.written = []
-            with filelock.FileLock(str(self.lock_path), timeout=self.lock_timeout):
-                document = self._read_document()  # re-read under the lock: another process may have written
-                current = self._entries(document)  # refuse to rewrite a file whose entries are broken
-                written: dict[str, list[str]] = {}
-                for (test_id, env_str), entry in fresh.items():
-                    previous = current.get((test_id, env_str))
-                    merged = entry.continuing(previous, keep=self.keep_history, metrics=self.history_metrics)
-                    self.written.append(merged)
-                    data = merged.to_dict()
-                    document["baselines"].setdefault(test_id, {})[env_str] = data
-                    written.setdefault(test_id, []).append(env_str)
-                self.dropped = [
-                    (test_id, env_str)
-                    for test_id, envs in written.items()
-                    for env_str in prune_versions(document["baselines"][test_id], envs, self.keep_versions)
-                ]
-                self._write_atomically(dumps_document(document).encode("utf-8"))
-        except filelock.Timeout:
-            raise BaselineError(
-                f"Baseline file {self.path}: could not take its lock {self.lock_path} within "
-                f"{self.lock_timeout:g} s. Another run may be writing baselines; if none is, delete the lock file."
-            ) from None
-        except OSError as error:
-            raise BaselineError(
-                f"Baseline file {self.path} could not be written ({error.strerror or error}); the new entries are "
-                "lost. Pass --vllm-baseline a path in a writable folder."
-            ) from None
-        self._cache = None
+        self.written = []
+        with self._locked_write("; the new entries are lost. Pass --vllm-baseline a path in a writable folder."):
+            document = self._read_document()  # re-read under the lock: another process may have written
+            current = self._entries(document)  # refuse to rewrite a file whose entries are broken
+            written: dict[str, list[str]] = {}
+            for (test_id, env_str), entry in fresh.items():
+                previous = current.get((test_id, env_str))
+                merged = entry.continuing(previous, keep=self.keep_history, metrics=self.history_metrics)
+                self.written.append(merged)
+                data = merged.to_dict()
+                document["baselines"].setdefault(test_id, {})[env_str] = data
+                written.setdefault(test_id, []).append(env_str)
+            self.dropped = [
+                (test_id, env_str)
+                for test_id, envs in written.items()
+                for env_str in prune_versions(document["baselines"][test_id], envs, self.keep_versions)
+            ]
+            self._write_atomically(dumps_document(document).encode("utf-8"))
 
     def rewrite(
         self, change: Callable[[dict[tuple[str, str], BaselineEntry]], Mapping[tuple[str, str], BaselineEntry]]
@@ -482,16 +470,22 @@ class BaselineStore:
         """Replace every entry with `change(current entries)`, the current ones read under the file lock and the
         result written atomically: the whole-file counterpart of `update` (no history carried, nothing pruned), for
         the shard merge (cli/merge.py). `change` may raise to leave the file as it is."""
+        with self._locked_write(". Pass a path in a writable folder."):
+            entries = change(self._entries(self._read_document()))
+            baselines: dict[str, dict[str, Any]] = {}
+            for (test_id, env_str), entry in entries.items():
+                baselines.setdefault(test_id, {})[env_str] = entry.to_dict()
+            self._write_atomically(dumps_document({"schema": SCHEMA_VERSION, "baselines": baselines}).encode("utf-8"))
+
+    @contextmanager
+    def _locked_write(self, on_error: str) -> Iterator[None]:
+        """The body runs under the file lock (its folder made first), to write the file with _write_atomically; the
+        cache is dropped once it has. A lock not taken in `lock_timeout`, or an OSError, is a BaselineError: the
+        write error's message ends with `on_error` (what was lost, what to do)."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with filelock.FileLock(str(self.lock_path), timeout=self.lock_timeout):
-                entries = change(self._entries(self._read_document()))
-                baselines: dict[str, dict[str, Any]] = {}
-                for (test_id, env_str), entry in entries.items():
-                    baselines.setdefault(test_id, {})[env_str] = entry.to_dict()
-                self._write_atomically(
-                    dumps_document({"schema": SCHEMA_VERSION, "baselines": baselines}).encode("utf-8")
-                )
+                yield
         except filelock.Timeout:
             raise BaselineError(
                 f"Baseline file {self.path}: could not take its lock {self.lock_path} within "
@@ -499,8 +493,7 @@ class BaselineStore:
             ) from None
         except OSError as error:
             raise BaselineError(
-                f"Baseline file {self.path} could not be written ({error.strerror or error}). Pass a path in a "
-                "writable folder."
+                f"Baseline file {self.path} could not be written ({error.strerror or error}){on_error}"
             ) from None
         self._cache = None
 
