@@ -10,6 +10,7 @@ import time
 
 import psutil
 import pytest
+from stubs.helpers import reap
 
 from pytest_vllm_mem import VLLMConfig
 from pytest_vllm_mem.launch import ray_cluster
@@ -130,8 +131,7 @@ def test_detached_watchdog_outlives_what_ray_kills() -> None:
             psutil.Process(pid).kill()
         assert not left, f"the server's session outlived its worker: {left}"
     finally:
-        worker.kill()
-        worker.wait()
+        reap(worker)
 
 
 def _sid(pid: int) -> int | None:

@@ -9,6 +9,7 @@ import time
 
 import psutil
 import pytest
+from stubs.helpers import reap
 
 from pytest_vllm_mem.load.client import LoadResult, Percentiles
 from pytest_vllm_mem.memory import cpu_seconds_between, tree_cpu_times
@@ -40,8 +41,7 @@ def test_the_cpu_time_a_tree_spent_between_two_readings_counts_its_children() ->
     finally:
         for proc in psutil.Process(server.pid).children(recursive=True):
             proc.kill()
-        server.kill()
-        server.wait()
+        reap(server)
 
 
 def test_a_process_lost_between_readings_or_a_gone_server_gives_no_figure() -> None:

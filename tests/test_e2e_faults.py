@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 from e2e import CACHE_DIR, TOKEN_VAR, SessionWatcher, processes_with_token, run_inner
-from stubs.helpers import kill_quietly, popen_pytest, running
+from stubs.helpers import kill_quietly, popen_pytest, reap, running
 
 from pytest_vllm_mem.launch import lifeline
 
@@ -122,8 +122,7 @@ def test_sigkill_of_pytest_leaves_no_server_process_and_no_segment(pytester: pyt
                 time.sleep(0.05)
             segments_gone = time.monotonic() - killed
         finally:
-            if process.poll() is None:
-                process.kill()
+            reap(process)  # killed if still running, and waited for: an unreaped Popen is a ResourceWarning
             kill_quietly(list(seen) + [proc.pid for proc in watcher.leftovers()])
     # Named semaphores (sem.mp-*) too: they are the resource tracker's to remove, and it does when it is killed last.
     new = sorted(set(os.listdir("/dev/shm")) - before)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 from e2e import CACHE_DIR, TOKEN_VAR, processes_with_token, record, run_inner
-from stubs.helpers import Figures, kill_quietly, popen_pytest, running
+from stubs.helpers import Figures, kill_quietly, popen_pytest, reap, running
 
 from pytest_vllm_mem.launch.server import SERVER_MODULE, STARTING_STOP_GRACE_S
 from pytest_vllm_mem.versions import LAUNCHER
@@ -222,8 +222,7 @@ def test_interrupting_pytest_during_a_real_startup_stops_every_server_process(
         exited = time.monotonic() - sent
     finally:
         FIGURES.saw(seen)
-        if process.poll() is None:
-            process.kill()
+        reap(process)  # killed if still running, and waited for: an unreaped Popen is a ResourceWarning
         kill_quietly(list(seen) + [proc.pid for proc in _server_processes(token, process.pid)])
     output = log.read_text()
     assert code == pytest.ExitCode.INTERRUPTED, output[-3000:]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from e2e import CACHE_DIR, TOKEN_VAR, processes_with_token
+from stubs.helpers import reap
 
 pytestmark = pytest.mark.e2e
 
@@ -146,8 +147,7 @@ def test_interrupted_tuner_stops_its_server_and_exits_130(tmp_path: Path) -> Non
         process.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
         _stdout, stderr = process.communicate(timeout=90)
     finally:
-        if process.poll() is None:
-            process.kill()
+        reap(process)  # killed if still running, its pipes closed and waited for (else a ResourceWarning)
         assert_no_server_left(token)
     assert process.returncode == 130, stderr[-3000:]
     assert "interrupted: the running server was stopped" in stderr

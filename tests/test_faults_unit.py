@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 import pytest
-from stubs.helpers import kill_quietly, running
+from stubs.helpers import kill_quietly, reap, running
 
 from pytest_vllm_mem.launch import devicelock, lifeline
 from pytest_vllm_mem.memory import DeviceInfo
@@ -138,7 +138,7 @@ def test_sigkilled_pytest_takes_its_servers_and_their_segments_but_no_other_segm
         assert re.search(r"^lifeline \d+ \+0\.\d\d s: pytest \d+ gone; 1 servers to stop$", lines[0]), lines
         assert re.search(r": [12] segments removed: \['/dev/shm/", lines[-1]), lines
     finally:
-        stand_in.kill()
+        reap(stand_in)
         kill_quietly(pids)
         for segment in (server["segment"], child["segment"]):
             _unlink(segment)
@@ -158,7 +158,7 @@ def test_a_server_pytest_stopped_leaves_no_segment_and_nothing_else_is_stopped(t
         assert running(pids) == []
         assert stand_in.poll() is None  # pytest lives on
     finally:
-        stand_in.kill()
+        reap(stand_in)
         kill_quietly(pids)
         _unlink(server["segment"])
         _unlink(child["segment"])
@@ -193,7 +193,7 @@ def test_a_segment_another_live_process_maps_is_never_removed(tmp_path: Path) ->
         holder.wait()
         assert lifeline.remove_segments(watched) == [f"/dev/shm/{shm.name.lstrip('/')}"]
     finally:
-        holder.kill()
+        reap(holder)
         _unlink(shm.name)
 
 
@@ -222,10 +222,28 @@ def test_orderly_close_stops_what_is_registered_and_the_watchdog_exits(tmp_path:
         assert running(pids) == []
         assert not _segment_exists(server["segment"]) and not _segment_exists(child["segment"])
     finally:
-        stand_in.kill()
+        reap(stand_in)
         kill_quietly(pids)
         _unlink(server["segment"])
         _unlink(child["segment"])
+
+
+@linux_only
+def test_a_dead_watchdog_is_replaced_and_the_pipe_to_it_closed() -> None:
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    guard = lifeline.Lifeline()
+    try:
+        guard.watch(sleeper.pid)
+        first = guard._process
+        assert first is not None and first.stdin is not None
+        first.kill()
+        first.wait()
+        guard.watch(sleeper.pid)  # the next launch starts another watchdog
+        assert guard._process is not first and guard.pid() is not None
+        assert first.stdin.closed  # not left to the garbage collector (a ResourceWarning)
+    finally:
+        guard.close()
+        reap(sleeper)
 
 
 def test_a_watch_line_for_a_reused_pid_is_ignored() -> None:
@@ -301,7 +319,7 @@ def test_a_killed_holder_frees_the_device_at_once(tmp_path: Path) -> None:
         assert time.monotonic() - started < 20  # taken from the dead holder at once, not after the 60 s timeout
     finally:
         os.environ.pop(devicelock.LOCK_DIR_VAR, None)
-        holder.kill()
+        reap(holder)
 
 
 def test_a_lock_held_too_long_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -397,6 +415,7 @@ def test_a_group_sigkill_leaks_the_semaphore_and_kill_lets_the_resource_tracker_
         assert path.exists(), "a killed tracker no longer leaks: the premise of lifeline.kill's order is gone"
     finally:
         kill_quietly([p.pid for p in members])
+        reap(server)
         path.unlink(missing_ok=True)
     # lifeline.kill: the processes first, the tracker last; it removes the semaphore before it exits.
     server, path, members = _semaphore_server()
@@ -408,6 +427,7 @@ def test_a_group_sigkill_leaks_the_semaphore_and_kill_lets_the_resource_tracker_
         assert not path.exists(), f"{path} left by the stand-in after lifeline.kill"
     finally:
         kill_quietly([p.pid for p in members])
+        reap(server)
         path.unlink(missing_ok=True)
 
 
@@ -435,8 +455,7 @@ def test_kill_counts_a_zombie_as_gone_and_does_not_wait_for_its_reaping() -> Non
         assert lifeline.wait_gone([child], 0.0) == [] and not lifeline.is_alive(child)
         assert list(lifeline.in_session(parent.pid)) == [parent.pid]  # nor is it in its session any more
     finally:
-        parent.kill()
-        parent.wait()
+        reap(parent)
 
 
 # A starting server stand-in: it ignores SIGTERM (as a starting vLLM 0.32 API server does) and starts a process in
@@ -468,6 +487,7 @@ def test_what_a_server_starts_while_it_is_being_stopped_is_killed_too() -> None:
         assert len(late) == 1, late
     finally:
         kill_quietly([server.pid] + [p.pid for p in lifeline.in_session(server.pid).values()])
+        reap(server)
     server, watched, members = _late_spawner()
     try:  # the watchdog's way: the server's processes looked for again before the SIGKILL
         alive = lifeline.kill(members, grace_s=1.0, rescan=lambda: lifeline.note(watched))
@@ -476,3 +496,4 @@ def test_what_a_server_starts_while_it_is_being_stopped_is_killed_too() -> None:
         assert len(watched.members) == 2  # the server and the one it started during the grace
     finally:
         kill_quietly([server.pid] + [p.pid for p in lifeline.in_session(server.pid).values()])
+        reap(server)

@@ -658,7 +658,8 @@ def spawn(tmp_path: Path) -> Iterator[Any]:
             os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        process.wait(timeout=10)
+        with process:  # closes its pipes and waits: an open pipe left to the GC is a ResourceWarning
+            pass
 
 
 def taken(sampler: MemorySampler) -> int:

@@ -79,6 +79,7 @@ class Lifeline:
         with self._lock:
             self._watched[pid] = created
             if self._process is None or self._process.poll() is not None:
+                self._drop_exited()
                 self._start()  # sends every watched pid
             else:
                 self._send(f"watch {pid} {created!r}\n")
@@ -107,6 +108,16 @@ class Lifeline:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+    def _drop_exited(self) -> None:
+        """Close the pipe to a watchdog that exited (poll() has reaped it) before another is started: an open pipe
+        left to the garbage collector is a ResourceWarning, a leaked file descriptor until then."""
+        process, self._process = self._process, None
+        if process is not None and process.stdin is not None:
+            try:
+                process.stdin.close()
+            except OSError:  # BrokenPipeError: a line not flushed before the watchdog died
+                pass
 
     def pid(self) -> int | None:
         with self._lock:

@@ -48,7 +48,8 @@ class DetachedLifeline(Lifeline):
         ready = _read_ready(process, READY_TIMEOUT_S)
         if not ready:
             process.kill()
-            process.wait()
+            with process:  # closes the pipe to it (its stdout is closed already) and waits
+                pass
             self._process = None
             self.error = f"the watchdog did not start in {READY_TIMEOUT_S:.0f} s: servers outlive a killed actor"
             return
@@ -61,6 +62,7 @@ class DetachedLifeline(Lifeline):
         """Start the watchdog now, before the first server (it is otherwise started by the first watch)."""
         with self._lock:
             if self._process is None or self._process.poll() is not None:
+                self._drop_exited()
                 self._start()
 
 

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Collection, Iterable
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -92,6 +93,15 @@ def kill_quietly(pids: Iterable[int]) -> None:
             psutil.Process(pid).kill()
         except psutil.Error:
             pass
+
+
+def reap(process: subprocess.Popen[Any]) -> None:
+    """Kill `process` (if still running), wait for it and close its pipes: a Popen left unwaited, or with a pipe
+    open, is a ResourceWarning when collected, which filterwarnings = error turns into a failure of whichever test
+    is running then."""
+    process.kill()
+    with process:  # Popen.__exit__ closes stdout, stderr and stdin, then waits
+        pass
 
 
 def popen_pytest(cwd: Path, args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
