@@ -25,7 +25,8 @@ CASES = {
 
 @pytest.mark.parametrize("vllm_config", [CASES[os.environ["CASE"]]], ids=["serving"])
 def test_serving(vllm_server, vllm_load):
-    assert vllm_load(num_prompts=48, concurrency=16, max_tokens=32, repeat=2).ok
+    # Small loads: the slow case serves them one request at a time, and its collapse is far past any limit.
+    assert vllm_load(num_prompts=24, concurrency=12, max_tokens=16, repeat=2).ok
 """
 
 

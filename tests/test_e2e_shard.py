@@ -56,6 +56,18 @@ def run_part(pytester: pytest.Pytester, folder: Path, *args: str) -> pytest.RunR
     return result
 
 
+# A metric whose value is zero is not recorded (metrics.Metric.read), and a TPOT of zero is a real reading here: when
+# the 2 shared cores starve the load client, a request's tokens reach it in one read, so the last token comes with the
+# first (seen in a fresh-machine CI run: tpot_p50 missing from one of the two runs). Whether it is recorded depends on
+# the run, not on the merge.
+RUN_DEPENDENT = {"tpot_p50"}
+
+
+def measured(metrics: Any) -> list[str]:
+    """The metric names a record or baseline entry holds, less those whose presence depends on the run."""
+    return sorted(set(metrics) - RUN_DEPENDENT)
+
+
 def shape(test: dict[str, Any]) -> dict[str, Any]:
     """What a test's record must share with the same test's record of another run."""
     return {
@@ -63,7 +75,7 @@ def shape(test: dict[str, Any]) -> dict[str, Any]:
         "launched": test["launched"],
         "outcome": test["outcome"],
         "passed": test["passed"],
-        "metrics": sorted(test["metrics"]),
+        "metrics": measured(test["metrics"]),
         # One TTFT, E2EL and TPOT sample per request (8 tokens each); ITL per token chunk, which vLLM sometimes
         # coalesces: their number varies between runs.
         "loads": [
@@ -120,6 +132,10 @@ def check_shards_and_merge(whole: Path, first: Path, second: Path, merged: Path)
     by_id = {test["test_id"]: test for test in expected["tests"]}
     for test in result["tests"]:
         assert shape(test) == shape(by_id[test["test_id"]])
+    # The merge itself loses nothing: each merged record is its shard's record, metric for metric.
+    shard_records = {test["test_id"]: test for shard in shards for test in shard["tests"]}
+    for test in result["tests"]:
+        assert test["metrics"] == shard_records[test["test_id"]]["metrics"]
     assert result["server_startups"] == expected["server_startups"] == 2
     assert {key: result[key] for key in ("tier", "device", "backend", "vllm_version")} == {
         key: expected[key] for key in ("tier", "device", "backend", "vllm_version")
@@ -155,7 +171,7 @@ def check_shards_and_merge(whole: Path, first: Path, second: Path, merged: Path)
     for test_id, envs in merged_baseline.items():
         for env, entry in envs.items():
             other = whole_baseline[test_id][env]
-            assert sorted(entry["metrics"]) == sorted(other["metrics"])
+            assert measured(entry["metrics"]) == measured(other["metrics"])
             assert (entry["runs"], entry["config"]) == (other["runs"], other["config"])
 
     # Calibration: one entry per config, as the whole run wrote.

@@ -33,7 +33,7 @@ SERVING = VLLMConfig("tiny", gpu_memory_utilization=UTILIZATION, max_model_len=1
 @pytest.mark.parametrize("vllm_config", [SERVING], ids=["serving"])
 def test_serving(vllm_server, vllm_load):
     assert vllm_server.startup.ok and vllm_server.memory.kv_cache_tokens > 0
-    result = vllm_load(num_prompts=48, concurrency=16, max_tokens=32, repeat=2)
+    result = vllm_load(num_prompts=32, concurrency=16, max_tokens=16, repeat=2)
     assert result.ok, result.errors
 
 if os.environ.get("CONTRACT"):
@@ -89,7 +89,7 @@ def test_contract_and_upgrade_across_releases(pytester: pytest.Pytester, release
     result.assert_outcomes(passed=3)
     serving = record(data, "test_serving[serving]")
     assert serving["vllm_version"] == old
-    assert serving["loads"][0]["completed"] == 48 and serving["metrics"]["output_throughput"] > 0
+    assert serving["loads"][0]["completed"] == 32 and serving["metrics"]["output_throughput"] > 0
     assert serving["startup"]["peak_memory_bytes"] > 100 * 2**20
     assert serving["loads"][0]["peak_memory_bytes"] > 100 * 2**20
     assert data["server_startups"] == 2 and data["leaked_server_pids"] == []
