@@ -232,3 +232,41 @@ def test_outside_pytest_values_convert_like_command_line_values(tmp_path: Path) 
 def test_the_plugin_usage_error_is_its_own_class() -> None:
     """pytest.UsageError is final; the plugin's is turned into it at the hooks (the exit-4 tests above)."""
     assert not issubclass(UsageError, pytest.UsageError)
+
+
+ORDER_CONFTEST = """
+from pathlib import Path
+import pytest
+
+SEEN = []
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if call.when == "call":
+        SEEN.append(type(report.longrepr).__name__)
+    return report
+
+def pytest_sessionfinish(session):
+    Path("order.txt").write_text(",".join(SEEN) + ";" + str(Path("results.json").exists()))
+"""
+
+
+def test_the_session_hooks_keep_their_order_around_a_users_conftest(pytester: pytest.Pytester) -> None:
+    """The session's hooks are methods of a plugin object registered at configure, after the user's conftest; as
+    the module plugin they were, they still run inside the user's wrappers (which see the one-paragraph message the
+    plugin puts in the report) and after the user's session-finish hook (which runs before the reports exist)."""
+    pytester.makeconftest(ORDER_CONFTEST)
+    pytester.makepyfile(
+        test_usage="""
+from pytest_vllm_mem.settings import UsageError
+
+def test_bad_input():
+    raise UsageError("the input X is not accepted: pass Y")
+"""
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vllm-results=results.json")
+    result.assert_outcomes(failed=1)
+    assert (pytester.path / "order.txt").read_text() == "str;False"
+    assert (pytester.path / "results.json").exists()
+    assert "Traceback" not in result.stdout.str()
