@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 phase() { echo "ci/test.sh: $1 at ${SECONDS} s" >&2; }
-# The version matrix: tests/test_e2e_versions.py starts this release's servers through --vllm-python. Its environment
+# The version matrix: tests/end_to_end/test_e2e_versions.py starts this release's servers through --vllm-python. Its environment
 # does not depend on .venv, so it is built in the background while .venv is (both wait mostly on downloads and
 # unpacking: on a fresh machine this saves the shorter of the two, about 3 minutes).
 release_out="$(mktemp)"

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pytest_vllm_mem.baseline.results import NodeRecord
+from pytest_vllm_mem.baseline.results import NodeRecord, TestRecord
 from pytest_vllm_mem.config import VLLMConfig
 from pytest_vllm_mem.diagnosis.diagnose import StartupMemory
 from pytest_vllm_mem.launch.server import StartupOutcome
@@ -58,3 +58,42 @@ class FakeServer:
 
     def stop(self, grace_s: float = 15.0) -> None:
         pass
+
+
+GIB = 2**30
+
+
+# A test's record as the results JSON holds it, with one load's figures: for report and seam tests.
+def load(throughput: float = 1234.4, completed: int = 8, peak: int = 5 * GIB, ttft_p99: float = 91.6) -> dict[str, Any]:
+    return {
+        "ok": True,
+        "completed": completed,
+        "num_prompts": 8,
+        "peak_memory_bytes": peak,
+        "output_throughput": throughput,
+        "request_throughput": 2.5,
+        "ttft_ms": {"mean": 40.0, "p50": 40.0, "p90": 80.0, "p99": ttft_p99},
+        "tpot_ms": {"mean": 9.0, "p50": 9.0, "p90": 11.0, "p99": 14.0},
+    }
+
+
+def make_record(
+    test_id: str = "tests/test_a.py::test_chat[tiny]", *loads: dict[str, Any], **changes: Any
+) -> TestRecord:
+    record = TestRecord(
+        test_id=test_id,
+        config="vllm serve m",
+        launched="vllm serve m --gpu-memory-utilization 0.27",
+        tier="24gb",
+        tier_bytes=24 * 10**9,
+        device="NVIDIA L4",
+        backend="cuda",
+        vllm_version="0.32.0",
+        startup={"ok": True, "kind": "ok", "duration_s": 31.2, "peak_memory_bytes": 4 * GIB},
+        memory={"kv_cache_tokens": 123_456},
+        loads=list(loads) if loads else [load()],
+        passed=True,
+    )
+    for name, value in changes.items():
+        setattr(record, name, value)
+    return record

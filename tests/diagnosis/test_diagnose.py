@@ -26,7 +26,7 @@ from pytest_vllm_mem.diagnosis.diagnose import (
     timeout_diagnosis,
 )
 
-LOGS = Path(__file__).parent / "data" / "logs"
+LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
 INDEX = json.loads((LOGS / "index.json").read_text(encoding="utf-8"))
 
 

@@ -224,7 +224,7 @@ def test_the_gpu_check_dry_runs_against_the_fake_nvml_and_a_fake_libcuda(tmp_pat
     import subprocess
     import sys
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_nvml_check.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_nvml_check.py"
     out = tmp_path / "check.json"
     run = subprocess.run(
         [sys.executable, str(script), "--fake", "--vllm-python", "none", "--json", str(out), "--gib", "1"],

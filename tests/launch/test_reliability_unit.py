@@ -42,7 +42,7 @@ from pytest_vllm_mem.load.client import LoadSpec
 from pytest_vllm_mem.load.measure import measured_load
 from pytest_vllm_mem.memory import MemoryProbe, detect_device, make_probe
 
-PACKAGE = Path(__file__).resolve().parent.parent / "pytest_vllm_mem"
+PACKAGE = Path(__file__).resolve().parents[2] / "pytest_vllm_mem"
 FIGURES = Figures()
 
 

@@ -6,12 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
-from test_plan import LLAMA2_7B
 
 from pytest_vllm_mem.cli.main import main
 from pytest_vllm_mem.plan.calibration import CalibrationStore, calibration_key, from_startup
+from pytest_vllm_mem.plan.known_models import KNOWN_CONFIGS
 from pytest_vllm_mem.plan.memory_plan import GIB, Card, plan
 from pytest_vllm_mem.plan.modelinfo import model_info_from_config
+
+LLAMA2_7B = KNOWN_CONFIGS["meta-llama/Llama-2-7b-hf"]
 
 
 @pytest.fixture

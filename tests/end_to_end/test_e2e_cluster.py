@@ -23,7 +23,7 @@ ray = pytest.importorskip("ray", reason="the cluster tests need Ray: pip install
 from ray_local import RayNamespaceCluster, namespace_problem  # noqa: E402
 
 pytestmark = pytest.mark.e2e
-DRIVER = Path(__file__).with_name("cluster_driver.py")
+DRIVER = Path(__file__).resolve().parents[1] / "cluster_driver.py"
 CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pytest-vllm-mem"
 
 
@@ -110,7 +110,7 @@ def inner_pytest(
 ) -> subprocess.Popen[bytes]:
     """The user's suite in a pytest of its own inside the cluster's namespace (so Ray binds only loopback)."""
     (tmp_path / "test_suite.py").write_text(SUITE)
-    env = {**cluster.env(), "CLUSTER_EVENTS": str(events), "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**cluster.env(), "CLUSTER_EVENTS": str(events), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     if hold:
         env["HOLD"] = "1"
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--vllm-cluster=ray"]

@@ -8,10 +8,12 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
-from test_plan import LLAMA2_7B
 
 from pytest_vllm_mem.load.client import LoadSpec, LoadSpecError
+from pytest_vllm_mem.plan.known_models import KNOWN_CONFIGS
 from pytest_vllm_mem.plugin.fixtures import load_arguments, vllm_load
+
+LLAMA2_7B = KNOWN_CONFIGS["meta-llama/Llama-2-7b-hf"]
 
 
 def documented_defaults() -> dict[str, object]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_report import make_record
+from fakes import make_record
 
 from pytest_vllm_mem import VLLMConfig
 from pytest_vllm_mem.baseline.results import NodeRecord, TestRecord

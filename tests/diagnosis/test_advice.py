@@ -26,7 +26,7 @@ GPU_TOTALS_033 = (
     "non-torch), 1.34 GiB for peak activation, and 0.53 GiB for CUDAGraph memory."
 )
 
-LOGS = Path(__file__).parent / "data" / "logs"
+LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
 
 
 def from_log(name: str, returncode: int = 1) -> tuple[Diagnosis, StartupMemory]:

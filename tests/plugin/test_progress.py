@@ -34,7 +34,7 @@ from pytest_vllm_mem.progress import (
 )
 from pytest_vllm_mem.settings import UsageError
 
-LOGS = Path(__file__).parent / "data" / "logs"
+LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
 STARTED = LOGS / "cpu-0.32-started.log"
 # GPU lines as vLLM 0.3x prints them (shared/DESIGN.md), in startup order.
 GPU_LINES = [

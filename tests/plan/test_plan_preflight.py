@@ -6,9 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from test_plan import LLAMA2_7B
 
+from pytest_vllm_mem.plan.known_models import KNOWN_CONFIGS
 from pytest_vllm_mem.plan.preflight import kv_cell, preflight_tier
+
+LLAMA2_7B = KNOWN_CONFIGS["meta-llama/Llama-2-7b-hf"]
 
 SUITE = """
 import pytest

@@ -18,7 +18,7 @@ from pytest_vllm_mem.plan.memory_plan import GIB, Card, pipeline_stages, plan
 from pytest_vllm_mem.plan.modelinfo import ModelInfo, model_info_from_config
 from pytest_vllm_mem.plan.weights import architecture_weight_bytes
 
-DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "gpu_startups.json"
+DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "gpu_startups.json"
 MODELS: dict[str, Any] = json.loads(DATA.read_text())["models"]
 H100 = Card("cuda", "H100 80GB", int(79.19 * GIB))
 
