@@ -35,5 +35,7 @@ def test_record_then_rerun_with_the_defaults_passes(pytester: pytest.Pytester) -
     assert "noise-judged comparisons in 1 family" in output and "expected false failures per healthy run" in output
     compared = record(data, "test_serving[vllm_config0]")
     statuses = {c["metric"]: c["status"] for c in compared["comparisons"]}
-    assert compared["baseline_status"] == "compared" and statuses["output_throughput"] == "ok"
+    # "improved" is healthy too: in this session's third CI run the recording session was the slow one (the rerun
+    # read +50.4% throughput, CPU per token -32.7%), and the gate rightly called it an improvement, not a failure.
+    assert compared["baseline_status"] == "compared" and statuses["output_throughput"] in ("ok", "improved")
     assert statuses["kv_cache_memory"] == "ok" and statuses["kv_cache_tokens"] == "info"
