@@ -6,18 +6,21 @@ changes between versions do not break them; numbers are read from the message, n
 error is placed in the startup phase its own traceback shows (weight loading, profiling, KV cache allocation, CUDA
 graph capture, sampler warm-up, wake-up, serving), not guessed from which progress lines are missing.
 
-Logs are read the way they reach users (issue 23): quoted, boxed, indented, wrapped, newest-first, with colour codes
-escaped as text. Evidence comes before wording: a KV figure at or below zero, the allocator's own report of a failed
-allocation, Ray's and the kernel's kills of a process for host memory, and the out-of-memory codes of the other
-accelerators vLLM runs on (TPU, XPU, Gaudi, Ascend), whose platform the diagnosis names. When a message is cut off,
-the vLLM check that raised it (the innermost traceback frame) still names the failure; when the excerpt is cut
-before its error line, what is left above the cut does (V0's block count, a traceback cut inside a check, a last word
-cut short of a known message).
+Logs are read the way they reach users (issue 23): quoted, boxed, indented, wrapped over several lines, newest-first,
+behind a collector's prefix (journal, docker compose, Ray), HTML-escaped, with colour codes escaped as text. Evidence
+comes before wording: a KV figure at or below zero, startup figures with less free than requested, the allocator's
+own report of a failed allocation, Ray's, the kernel's and a container runtime's kills of a process for host memory,
+the out-of-memory codes of the runtimes and of the other accelerators vLLM runs on (TPU, XPU, Gaudi, Ascend, ROCm),
+whose platform the diagnosis names, and a ValueError raised in vLLM's configuration (or naming an engine setting),
+which is a rejected setting. When a message is cut off, the vLLM check that raised it (the innermost traceback frame)
+still names the failure; when the excerpt is cut before its error line, what is left above the cut does (V0's block
+count, a traceback cut inside a check, a last word cut short of a known message).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import html
 import itertools
 import re
 import signal
@@ -61,6 +64,17 @@ _PROCESS_PREFIX = re.compile(r"\((?:[A-Za-z_][\w\-]*)(?: rank=\d+)? pid=\d+(?:, 
 # uvicorn's "INFO:     Started server process [10552]"; torch.distributed's "[rank0]: "
 _UVICORN_PREFIX = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?|^\[[\w./-]+\.py:\d+\]\s")  # or a header cut to "[file.py:12] "
+# Prefixes a collector puts before raw stderr lines that have no vLLM header (traceback frames, exception lines):
+# syslog/journal "Jun 10 16:45:05 host bash[107468]: " (month in any language), docker compose "vllm-1  | ",
+# an ISO stamp "2024-12-19 21:40:35 " / "[2025-03-10T15:07:20Z] ", Ray's "(raylet) " and its "[2025-...] " time.
+_COLLECTOR_PREFIX = re.compile(
+    r"^(?:\S{1,5}\s+\d{1,2}\s+\d{2}:\d{2}:\d{2}\s+\S+\s+[\w\-./@]+(?:\[\d+\])?:\s"
+    r"|[\w.\-]+\s+\|\s"
+    r"|\[?\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\]?\s+"
+    r"|\((?:raylet|gcs_server|autoscaler|monitor|dashboard\w*)(?:, ip=[^)]*)?\)\s)+"
+)
+# Ray's log deduplication appends " [repeated 6x across cluster]" to a line it folded.
+_RAY_REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\](?: \(Ray deduplicates[^)]*\))?\s*$")
 _QUIET_LEVELS = frozenset({"DEBUG", "INFO", "WARNING", "WARN"})
 _C10_WARNING = re.compile(r"^\[W\d{4} ")  # torch's C++ warnings: "[W1130 04:55:33.27 utils.cpp:68] Warning: ..."
 
@@ -87,10 +101,11 @@ def _unquote(text: str) -> str:
 
 def _split_prefix(line: str) -> tuple[str | None, str]:
     """(log level or None, message) of one raw log line."""
-    text = _unquote(strip_ansi(line))
+    text = _RAY_REPEATED.sub("", _unquote(strip_ansi(line)))
     header = _HEADER.search(text, 0, _HEADER_WITHIN + 40)
     if header and header.start() <= _HEADER_WITHIN:
         return header.group("level"), text[header.end() :].rstrip()
+    text = _COLLECTOR_PREFIX.sub("", text, count=1)
     process = _PROCESS_PREFIX.search(text, 0, _HEADER_WITHIN)
     if process:
         text = text[process.end() :]
@@ -157,10 +172,26 @@ def _newest_first(raws: Sequence[str]) -> bool:
     return back >= 2 and back > 3 * forward
 
 
+_HTML_ENTITY = re.compile(r"&(?:#\d{2,3}|quot|gt|lt|amp);")
+
+
+def _dedent(log_text: str) -> list[str]:
+    """The paste's lines without the indentation common to them all, or to all but the first: a log pasted under a
+    list item or after a sentence ("Error log:   INFO ...") has its first line flush and the rest indented."""
+    if _HTML_ENTITY.search(log_text):  # a paste copied from a page's source: &gt;, &#39;, &quot;
+        log_text = html.unescape(log_text)
+    raws = textwrap.dedent(log_text).splitlines()
+    if len(raws) > 2 and raws[0].strip() and not raws[0][:1].isspace():
+        rest = textwrap.dedent("\n".join(raws[1:])).splitlines()
+        if len(rest) == len(raws) - 1:
+            raws = [raws[0], *rest]
+    return raws
+
+
 def _lines(log_text: str) -> list[_Line]:
     """The log's records in the order they were written: indentation common to the whole paste removed, a
     newest-first paste turned round."""
-    raws = textwrap.dedent(log_text).splitlines()
+    raws = _dedent(log_text)
     if _newest_first(raws):
         raws.reverse()
     lines: list[_Line] = []
@@ -293,12 +324,46 @@ def line_figures(text: str) -> dict[str, float | int]:
     return figures
 
 
-def _first(lines: Iterable[_Line], pattern: re.Pattern[str]) -> re.Match[str] | None:
+def _first(lines: Sequence[_Line], pattern: re.Pattern[str], wrapped: bool = False) -> re.Match[str] | None:
+    """The first match of `pattern` in the log's lines; `wrapped`: also in a record wrapped over the next lines."""
     for line in lines:
-        match = pattern.search(line.text)
+        match = _wrapped_match(pattern, lines, line) if wrapped else pattern.search(line.text)
         if match:
             return match
     return None
+
+
+# How many following lines a wrapped record may run on: terminals wrap at their width, reporters break a long message
+# at clause ends ("... the derived max_model_len" / "(max_position_embeddings=4096 ...)" / "This may lead ..."), and
+# some split vLLM's one summary line into sentences.
+_WRAP_LINES = 3
+
+
+def _wrapped_match(pattern: re.Pattern[str], lines: Sequence[_Line], line: _Line) -> re.Match[str] | None:
+    """The match of `pattern` in the line's message, as written or as it read before a terminal or a reporter wrapped
+    it: with up to _WRAP_LINES next non-blank lines appended, mid-word (no space) or between words (a space). A match
+    must start on this line, so quiet next lines (an INFO hint) never make one on their own."""
+    match = pattern.search(line.text)
+    head = line.text.rstrip()
+    if match or not head:
+        return match
+    following = [entry.text.strip() for entry in lines[line.index + 1 : line.index + 1 + 2 * _WRAP_LINES]]
+    following = [text for text in following if text][:_WRAP_LINES]
+    # A match in a shorter join is one in the longest too (it extends the shorter), so most lines cost two searches.
+    rest = " ".join(following)
+    if not any(
+        (match := pattern.search(joined)) and match.start() < len(head) for joined in (head + rest, f"{head} {rest}")
+    ):
+        return None
+    found: list[re.Match[str]] = []
+    for count in range(1, len(following) + 1):
+        rest = " ".join(following[:count])
+        for joined in (head + rest, f"{head} {rest}"):
+            match = pattern.search(joined)
+            if match and match.start() < len(head):
+                found.append(match)
+    # The longest reading: a pattern's optional tail (the summary's "Actual usage ...") may sit on a later line.
+    return max(found, key=lambda match: match.end() - match.start(), default=None)
 
 
 def parse_startup_memory(log_text: str) -> StartupMemory:
@@ -318,7 +383,7 @@ def parse_startup_memory(log_text: str) -> StartupMemory:
     grab(_CPU_REQUESTED, ("requested_gib", float))
     grab(_CPU_NON_KV, ("non_kv_gib", float))
     grab(_CONCURRENCY, ("max_concurrency_tokens", _int), ("max_concurrency", float))
-    totals = _first(lines, _GPU_TOTALS)
+    totals = _first(lines, _GPU_TOTALS, wrapped=True)
     if totals:
         free, total, utilization, requested = (float(totals.group(i)) for i in range(1, 5))
         values.update(
@@ -331,7 +396,7 @@ def parse_startup_memory(log_text: str) -> StartupMemory:
             )
     grab(_GRAPH_POOL, ("graph_pool_gib", float), ("graph_pool_estimate_gib", float))
     grab(_GRAPH_ESTIMATE, ("graph_pool_estimate_gib", float))
-    profiling = _first(lines, _GRAPH_PROFILING)
+    profiling = _first(lines, _GRAPH_PROFILING, wrapped=True)
     if profiling:
         current = profiling.group(1) or profiling.group(3)
         values.setdefault("gpu_memory_utilization", float(current))
@@ -344,19 +409,19 @@ def parse_startup_memory(log_text: str) -> StartupMemory:
             estimate = values.get("graph_pool_estimate_gib")
             transient = peak - estimate if estimate is not None else peak - graphs
             values["non_kv_gib"] = round(consumed + max(transient, 0.0) + graphs, 2)
-    budget = _first(lines, _V0_BUDGET)
+    budget = _first(lines, _V0_BUDGET, wrapped=True)
     if budget:
         values.setdefault("device_total_gib", float(budget.group(1)))
         values.setdefault("gpu_memory_utilization", float(budget.group(2)))
         values.setdefault("requested_gib", float(budget.group(3)))
-    split = _first(lines, _V0_SPLIT)
+    split = _first(lines, _V0_SPLIT, wrapped=True)
     if split:
         weights, non_torch, peak, kv = (float(split.group(i)) for i in range(1, 5))
         values.setdefault("weights_gib", weights)
         values.setdefault("activation_peak_gib", peak)
         values.setdefault("non_kv_gib", round(weights + non_torch + peak, 2))
         values.setdefault("kv_cache_gib", kv)
-    results = _first(lines, _V0_RESULTS)
+    results = _first(lines, _V0_RESULTS, wrapped=True)
     if results:
         values.setdefault("device_total_gib", float(results.group(1)))
         values.setdefault("kv_cache_gib", float(results.group(2)))
@@ -394,7 +459,9 @@ class Diagnosis:
 
 
 # Stable fragments of each failure. Checked on error lines only (see _Line.may_be_error).
-_BAD_FLAG = re.compile(r"\berror: (?:unrecognized arguments:|argument -)|\d+ validation errors? for \w+")
+_BAD_FLAG = re.compile(
+    r"\berror: (?:unrecognized arguments:|argument -)|\d+ validation errors? for \w+|^\s*Value error, "
+)
 _USAGE = re.compile(
     r"you should provide the model as a positional argument|`model` should be provided as the first positional"
     r"|No model specified!|the following arguments are required: model_tag"
@@ -422,7 +489,12 @@ _DEVICE_OOM = re.compile(
     r"\b(?:CUDA|HIP|XPU|NPU|HPU) out of memory|OutOfMemoryError|CUDA (?:driver )?(?:error|failure)\W{1,3}out of memory"
     r"|cuda runtime error \(2\) : out of memory|CUBLAS_STATUS_ALLOC_FAILED"
     r"|\bRESOURCE_EXHAUSTED\b.{0,200}?(?:memory|allocat|reserve)|_ERROR_OUT_OF_(?:DEVICE_MEMORY|RESOURCES)\b"
-    r"|PT_DEVMEM Allocation failed",
+    r"|PT_DEVMEM Allocation failed"
+    # The runtimes' own error codes and allocators, whatever wraps them: CUDA's cudaErrorMemoryAllocation and driver
+    # CUDA_ERROR_OUT_OF_MEMORY, HIP's hipErrorOutOfMemory, a failed cudaMalloc/hipMalloc, XLA's "Ran out of memory in
+    # memory space hbm" without its status, Apple's "MPS backend out of memory".
+    r"|\bcudaErrorMemoryAllocation\b|\b(?:CUDA|HIP)_ERROR_OUT_OF_MEMORY\b|\bhipErrorOutOfMemory\b"
+    r"|\b(?:cuda|hip)Malloc\w*\b.{0,80}?out of memory|Ran out of memory in memory space|MPS backend out of memory",
     re.IGNORECASE,
 )
 # The allocator's own report of a failed allocation, whatever the message around it: torch's "Tried to allocate 20.00
@@ -437,8 +509,9 @@ _RAY_HOST_OOM = re.compile(
     r"ray\.exceptions\.OutOfMemoryError\b|Task was killed due to the node running low on memory"
     r"|which exceeds the memory usage threshold of|killed due to memory pressure \(OOM\)"
 )
-# The kernel's OOM killer as dmesg/journal print it: "Out of memory: Killed process 1234 (python)".
-_KERNEL_OOM = re.compile(r"Out of memory: Kill(?:ed)? process")
+# The kernel's OOM killer as dmesg/journal print it: "Out of memory: Killed process 1234 (python)"; Kubernetes and
+# docker report the container killed at its memory limit as "OOMKilled" (Reason: OOMKilled, "OOMKilled": true).
+_KERNEL_OOM = re.compile(r"Out of memory: Kill(?:ed)? process|\bOOMKilled\b(?!\W{1,3}false)")
 _HOST_OOM = re.compile(
     r"on kv cache\s*allocation is less than requested memory for kv|Cannot allocate memory|std::bad_alloc"
     r"|reserved for it on node \d+, leaving none\s*for the KV cache"
@@ -1001,7 +1074,10 @@ def _host_kill(lines: Sequence[_Line], related: list[str]) -> Diagnosis:
                 f"{worker:.2f} GB)"
             )
     else:
-        summary = "the kernel's OOM killer stopped a vLLM process: the host ran out of memory (RAM, not device memory)"
+        summary = (
+            "the kernel's OOM killer stopped a vLLM process (or its container at its memory limit): the host ran out "
+            "of memory (RAM, not device memory)"
+        )
     hits = [entry for entry in lines if _RAY_HOST_OOM.search(entry.text) or _KERNEL_OOM.search(entry.text)]
     phase = _oom_phase(lines, hits[0]) if hits else None
     return Diagnosis("host_memory", summary, _dedupe(related), figures, phase)
@@ -1034,20 +1110,8 @@ def _memory_diagnosis(lines: Sequence[_Line], running: bool = False) -> Diagnosi
 
 
 def _matches(pattern: re.Pattern[str], lines: Sequence[_Line], line: _Line) -> bool:
-    """Whether the line's message matches, as written or as it read before a terminal or a reporter wrapped it: with
-    the next line appended, mid-word (no space) or between words (a space). A match must start on this line, so a
-    quiet next line (an INFO hint) never makes one on its own."""
-    if pattern.search(line.text):
-        return True
-    following = next((entry.text.strip() for entry in lines[line.index + 1 :] if entry.text.strip()), "")
-    head = line.text.rstrip()
-    if not following or not head:
-        return False
-    for joined in (head + following, f"{head} {following}"):
-        match = pattern.search(joined)
-        if match and match.start() < len(head):
-            return True
-    return False
+    """Whether the line's message matches, as written or wrapped (see _wrapped_match)."""
+    return _wrapped_match(pattern, lines, line) is not None
 
 
 # What the worker measured before the pool was sized, when the error that follows is missing (an excerpt cut before
@@ -1094,7 +1158,25 @@ def _kv_figures(lines: Sequence[_Line]) -> Diagnosis | None:
                 "the figure; the error that follows it is not in the log)"
             )
             return Diagnosis("kv_cache_insufficient", summary, (line.text.strip(),), figures, "kv_cache_allocation")
-    return _v0_blocks_short(lines)
+    return _v0_blocks_short(lines) or _free_short(lines)
+
+
+def _free_short(lines: Sequence[_Line]) -> Diagnosis | None:
+    """The worker's startup figures with less free than utilization asks for, when the error is not in the log:
+    vLLM's request_memory raises whenever the free memory it measured is below that request."""
+    totals = _first(lines, _GPU_TOTALS, wrapped=True)
+    if totals is None:
+        return None
+    free, total, utilization, requested = (float(totals.group(i)) for i in range(1, 5))
+    if free >= requested:
+        return None
+    summary = (
+        f"only {free:.2f} of {total:.2f} GiB were free at startup, but gpu_memory_utilization {_short(utilization)} "
+        f"asks for {requested:.2f} GiB (the log shows the figures; the error that follows them is not in the log)"
+    )
+    figures = {"free_gib": free, "device_total_gib": total, "gpu_memory_utilization": utilization}
+    figures["requested_gib"] = requested
+    return Diagnosis("insufficient_free_memory", summary, (totals.group(0),), figures, "device_check")
 
 
 _UNRECOGNIZED = re.compile(r"error: unrecognized arguments:\s*(.*)")
@@ -1135,7 +1217,7 @@ _MAX_LEN_OVER = re.compile(
 
 def _max_len_over(lines: Sequence[_Line]) -> Diagnosis | None:
     for line in lines:
-        match = _MAX_LEN_OVER.search(line.text) if line.may_be_error else None
+        match = _wrapped_match(_MAX_LEN_OVER, lines, line) if line.may_be_error else None
         if not match:
             continue
         requested = int(match.group(1))
@@ -1171,6 +1253,11 @@ def _bad_flag(lines: Sequence[_Line]) -> Diagnosis | None:
             name = argument.group(1).split("/")[0]
             summary = f"the installed vLLM rejected the value of {name}: {argument.group(2)}"
             return Diagnosis("bad_flag", summary, (text,), {}, "arguments")
+        if text.startswith("Value error, "):
+            # pydantic's line for a validator's ValueError, pasted without its "N validation error for X" header:
+            # in vLLM only the config classes are pydantic models, so a setting was rejected.
+            message = re.sub(r"\s*\[type=.*$", "", text.removeprefix("Value error, "))
+            return Diagnosis("bad_flag", f"the installed vLLM rejected a setting: {message}", (text,), {}, "arguments")
         # pydantic: "1 validation error for CacheConfig" / "gpu_memory_utilization" / "  Input should be ... [type=..,
         # input_value=1.5, ...]"; a model-level check has no field line: "  Value error, User-specified ...".
         detail = [entry.text.strip() for entry in lines[position + 1 : position + 3] if entry.text.strip()]
@@ -1227,30 +1314,42 @@ _RAISING_CHECKS: tuple[tuple[re.Pattern[str], str, FailureKind, str, str], ...] 
         "a configuration check",
     ),
 )
-_FRAME = re.compile(r'^\s*File "[^"]*", line \d+, in (\w+)\s*$')
+_FRAME = re.compile(r'^\s*File "(?P<path>[^"]*)", line \d+, in (\w+)\s*$')
 _RAISED = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?P<type>[A-Za-z_]\w*(?:Error|Exception))\b:?\s*(?P<message>.*)$")
 _FRAME_SOURCE_LINES = 8  # source and caret lines Python prints between a frame and the exception it raised
 
 
-def _raising_function(lines: Sequence[_Line], position: int) -> str | None:
-    """The function of the innermost frame right above the exception line at `position` (only the frame's source
-    lines between them), or None when the exception line does not end a traceback."""
+def _raising_frame(lines: Sequence[_Line], position: int) -> re.Match[str] | None:
+    """The innermost frame right above the exception line at `position` (only the frame's source lines between
+    them; group "path" its file, group 2 its function), or None when the exception line does not end a traceback."""
     for entry in reversed(lines[max(0, position - _FRAME_SOURCE_LINES) : position]):
         frame = _FRAME.match(entry.text)
         if frame:
-            return frame.group(1)
+            return frame
         if entry.text.strip() and not entry.text[:1].isspace():
             return None  # a line of its own, not a frame's source: the exception did not come from that frame
     return None
+
+
+# vLLM's configuration: the config classes (vllm/config.py, vllm/config/*.py since 0.10) and the engine arguments
+# that build them (vllm/engine/arg_utils.py). A ValueError raised there is a setting rejected before anything ran,
+# whichever check raised it (_verify_*, __post_init__, _get_quantization_config, create_engine_config, ...).
+_CONFIG_MODULE = re.compile(r"(?:^|[/\\])vllm[/\\](?:config(?:\.py$|[/\\])|engine[/\\]arg_utils\.py$)")
 
 
 def _raised_by_check(lines: Sequence[_Line]) -> Diagnosis | None:
     """A failure told by the vLLM check that raised it (_RAISING_CHECKS), whatever its message says."""
     for position, line in enumerate(lines):
         raised = _RAISED.match(line.text.strip()) if line.may_be_error else None
-        function = _raising_function(lines, position) if raised else None
-        if raised is None or function is None:
+        frame = _raising_frame(lines, position) if raised else None
+        if raised is None or frame is None:
             continue
+        function = frame.group(2)
+        if raised.group("type") == "ValueError" and _CONFIG_MODULE.search(frame.group("path")):
+            summary = (
+                f"the configuration was rejected: {function} in vLLM's config raised {raised.group(0).strip()[:200]!r}"
+            )
+            return Diagnosis("bad_flag", summary, (line.text.strip(), f"raised in {function}"), {}, "arguments")
         for pattern, exception, kind, phase, check in _RAISING_CHECKS:
             if pattern.fullmatch(function) and raised.group("type") == exception:
                 summary = (
@@ -1279,7 +1378,7 @@ def _cut_in_check(lines: Sequence[_Line]) -> Diagnosis | None:
     if len(tail) > _FRAME_SOURCE_LINES or any(_EXCEPTION_LINE.match(entry.text.strip()) for entry in tail):
         return None
     frame = _FRAME.match(last.text)
-    names = [frame.group(1)] if frame else []
+    names = [frame.group(2)] if frame else []
     names += [call.group(1) for entry in tail if entry.text[:1].isspace() for call in _CALL.finditer(entry.text)]
     for pattern, _, kind, phase, check in _CUT_CHECKS:
         name = next((name for name in names if pattern.fullmatch(name)), None)
@@ -1341,12 +1440,44 @@ def _cut_tail(log_text: str) -> Diagnosis | None:
 _FLAG_TOKEN = re.compile(r"(?<![\w/.-])--[a-z][a-z0-9]*(?:[-_][a-z0-9]+)+|(?<![\w/.-])--[a-z]{3,}\b")
 
 
+# The engine settings vLLM's config checks name in words when they reject a value ("Total number of attention heads
+# (12) must be divisible by tensor parallel size (8)", "torch.bfloat16 is not supported for quantization method awq"):
+# EngineArgs fields, written with underscores, spaces or hyphens.
+_SETTINGS = (
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "data_parallel_size",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "gpu_memory_utilization",
+    "kv_cache_dtype",
+    "quantization_method",
+    "block_size",
+    "swap_space",
+    "cpu_offload_gb",
+    "max_lora_rank",
+)
+_SETTING_WORDS = re.compile(
+    "|".join(rf"\b{name.replace('_', '[ _-]')}\b" for name in _SETTINGS) + r"|`dtype`|\bdtype=", re.IGNORECASE
+)
+
+
+def _names_of_settings(message: str) -> tuple[str, ...]:
+    """The command-line flags (`--max-model-len`) or, when it names none, the settings in words a message names."""
+    flags = _dedupe(_FLAG_TOKEN.findall(message))
+    if flags:
+        return flags
+    words = (re.sub(r"[ -]", "_", found.strip("`=").lower()) for found in _SETTING_WORDS.findall(message))
+    return _dedupe(word.replace("quantization_method", "quantization") for word in words)
+
+
 def _flag_named(lines: Sequence[_Line]) -> Diagnosis | None:
     for line in lines:
         raised = _RAISED.match(line.text.strip().strip("`*")) if line.may_be_error else None
         if raised is None or raised.group("type") != "ValueError":
             continue
-        flags = _dedupe(_FLAG_TOKEN.findall(raised.group("message")))
+        flags = _names_of_settings(raised.group("message"))
         if flags:
             summary = f"the configuration was rejected (the error names {', '.join(flags)}): {raised.group('message')}"
             return Diagnosis("bad_flag", summary[:400], (line.text.strip(),), {}, "arguments")
@@ -1371,8 +1502,8 @@ def rejected_flags(diagnosis: Diagnosis) -> tuple[str, ...]:
             field_line = diagnosis.root_cause[position + 1]
             return (field_line,) if re.fullmatch(r"[\w.]+", field_line) else ()
         raised = _RAISED.match(text.strip("`*"))
-        if raised and raised.group("type") == "ValueError" and _FLAG_TOKEN.search(raised.group("message")):
-            return _dedupe(_FLAG_TOKEN.findall(raised.group("message")))
+        if raised and raised.group("type") == "ValueError" and _names_of_settings(raised.group("message")):
+            return _names_of_settings(raised.group("message"))
     return ()
 
 
