@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pytest_vllm_mem.baseline.noise import ALPHAS, DEFAULT_ALPHA
+from pytest_vllm_mem.baseline.noise import ALPHAS, CONFIRM_SESSIONS, DEFAULT_ALPHA
 
 Kind = Literal["str", "bool", "float", "int", "path"]
 
@@ -97,6 +97,13 @@ class Settings:
         "float",
         DEFAULT_ALPHA,
         choices=ALPHAS,
+    )
+    vllm_confirm_sessions: int = option(
+        "fresh servers a suspect throughput or latency verdict is re-measured on before the gate decides (the same "
+        "config started anew, the test's load run again; stops early once nothing is suspect): 0 (off), 1, 2 or 3",
+        "int",
+        CONFIRM_SESSIONS,
+        choices=(0, 1, 2, 3),
     )
     vllm_strict: bool = option("also fail tests that improved beyond tolerance (baseline out of date)", "bool", False)
     vllm_require_baseline: bool = option("fail tests that have no baseline entry", "bool", False)

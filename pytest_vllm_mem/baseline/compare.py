@@ -94,7 +94,7 @@ class Sample:
 class Verdict:
     status: Literal["ok", "regressed", "improved"]
     detail: str = ""  # the statistics behind the decision, shown in the message ("-18% +- 6%, 4 runs vs 5")
-    confirm: bool = False  # a noise-judged regression near its limit: re-measure before it fails
+    confirm: bool = False  # suspect (noise.Decision.suspect): re-measure on fresh servers before deciding
 
 
 Judge = Callable[[Metric, Sample, Sample, Tolerance], Verdict]
@@ -127,7 +127,7 @@ class Comparison:
     recorded: float | None = None  # the recorded baseline when `baseline` was re-planned for this run's memory
     note: str = ""
     baseline_history: tuple[float, ...] = ()  # medians of earlier recorded sessions the judge was given
-    confirmable: bool = False  # a noise-judged regression near its limit (Verdict.confirm): re-measured first
+    confirmable: bool = False  # suspect (Verdict.confirm): re-measured on fresh servers before the gate decides
 
     @property
     def unit(self) -> str:
@@ -179,6 +179,7 @@ class Comparison:
             "note": self.note,
             "message": self.message(),
             "baseline_history": list(self.baseline_history),
+            "confirmable": self.confirmable,
         }
 
 

@@ -500,6 +500,13 @@ class Session:
                 server.notes.append(note)
         return server
 
+    def restart(self, config: VLLMConfig) -> RunningServer:
+        """A fresh server for `config`: the running one stopped first, then started anew (the gate's confirmation
+        on fresh servers: another session of the same config)."""
+        launched, _emulation, _notes = self._checked_launch(config)
+        self.pool.release(launched)
+        return self.serve(config)
+
     def _checked_launch(self, config: VLLMConfig) -> tuple[VLLMConfig, Emulation | None, list[str]]:
         """launched_config(config), refused with a bad_flag VLLMStartupError when vLLM would reject its flags or its
         local model folder is missing."""

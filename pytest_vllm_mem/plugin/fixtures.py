@@ -171,7 +171,7 @@ def vllm_server(request: pytest.FixtureRequest, vllm_config: VLLMConfig) -> Serv
     return server
 
 
-# One more run of a test's last load, for the gate's confirmation of a near-limit verdict (plugin/gate.py).
+# One more session of a test's last load on a fresh server, for the gate's confirmation (plugin/gate.py).
 remeasure_key = pytest.StashKey[Callable[[], bool]]()
 
 
@@ -211,7 +211,7 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: Server) -> Callable[.
         return failed
     if not is_running(vllm_server):
         raise TypeError(f"vllm_load needs a running server, a FailedServer or a PlannedServer, not {vllm_server!r}")
-    server = vllm_server
+    served = [vllm_server]  # the server the loads go to: a fresh one after a confirmation restarted it
     # pytest-benchmark, when the test asks for its fixture: the first load call becomes its rounds (one per repeat),
     # so --benchmark-autosave/--benchmark-compare see the loads; the plugin's own gate does not depend on it.
     benchmark = request.getfixturevalue("benchmark") if "benchmark" in request.fixturenames else None
@@ -222,6 +222,7 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: Server) -> Callable[.
         results: list[LoadResult] = []
 
         def one_run() -> None:
+            server = served[-1]
             observer = _observer(request, server)
             with observing(observer):  # a progress thread reads the load's counters while it runs
                 result = measure_load(server, spec)  # next to the server, on its node for a cluster's
@@ -241,7 +242,14 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: Server) -> Callable[.
         chosen = sorted(results, key=lambda r: r.output_throughput)[len(results) // 2]
 
         def remeasure() -> bool:
-            one_run()  # the gate's confirmation: the same load once more on this server, into the record
+            """The gate's confirmation: a fresh server of the same config, and this load as often as it ran."""
+            try:
+                served.append(_state(request).restart(served[-1].config))
+            except VLLMStartupError as error:
+                record.notes.append(f"a fresh server for the gate's confirmation did not start: {error.kind}")
+                return False
+            for _ in range(repeat):
+                one_run()
             return True
 
         request.node.stash[remeasure_key] = remeasure  # the last load's; the gate calls it at most once

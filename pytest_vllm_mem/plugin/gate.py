@@ -37,7 +37,15 @@ from pytest_vllm_mem.baseline.metrics import (
     parse_tolerance_spec,
     resolve_tolerances,
 )
-from pytest_vllm_mem.baseline.noise import DEFAULT_ALPHA, NOISY_GATED, NoiseJudge, SuiteLevel, is_noisy, pooled_prior
+from pytest_vllm_mem.baseline.noise import (
+    DEFAULT_ALPHA,
+    NOISY_GATED,
+    NoiseJudge,
+    SuiteLevel,
+    confirm_on_fresh_sessions,
+    is_noisy,
+    pooled_prior,
+)
 from pytest_vllm_mem.baseline.results import TestRecord, failure_dict
 from pytest_vllm_mem.baseline.store import BaselineEntry, BaselineError, BaselineStore, EnvKey
 from pytest_vllm_mem.diagnosis.advice import advise, render_steps
@@ -66,6 +74,9 @@ class GateSettings(Protocol):
 
     @property
     def vllm_gate_alpha(self) -> float: ...
+
+    @property
+    def vllm_confirm_sessions(self) -> int: ...
 
 
 CONFIRM_NOTE = "confirmation:"  # the prefix of the record's note on a re-measured verdict
@@ -177,8 +188,9 @@ class Gate:
         """Compare `record` with the tier and the baseline; returns the failure text, or None when the test passes.
         Fills the record's comparisons and baseline match (also in update mode, for the upgrade report). `server`:
         the test's server, whose launched config and startup figures the advice for a peak over the tier uses.
-        `remeasure`: runs one more load into the record (False when it could not); called once, when every failure
-        is a noise-judged regression near its limit."""
+        `remeasure`: runs one more session of the test's load on a fresh server into the record (False when it
+        could not); called up to CONFIRM_SESSIONS times when a noise-judged verdict is suspect and nothing fails
+        plainly (noise.Decision.suspect)."""
         problems = []
         over_tier = self._over_tier(record, tier_is_auto, server)
         if over_tier:
@@ -212,9 +224,11 @@ class Gate:
         if less_free and less_free not in record.notes:
             record.notes.append(less_free)
         failures = gate_failures(comparisons, settings.vllm_strict)
+        plain = [c for c in failures if not c.confirmable]
         # Only when nothing else fails the test (a peak over the tier, a missing baseline): then it decides alone.
-        if failures and not problems and remeasure is not None and all(c.confirmable for c in failures):
-            failures = self._confirm(record, entry, tolerances, failures, remeasure)
+        suspect = any(c.confirmable for c in comparisons) and not plain and not problems
+        if suspect and remeasure is not None and settings.vllm_confirm_sessions > 0:
+            failures = self._confirm(record, entry, tolerances, comparisons, remeasure)
         if failures:
             if less_free:
                 problems.append(less_free)
@@ -255,19 +269,30 @@ class Gate:
         record: TestRecord,
         entry: BaselineEntry | None,
         tolerances: dict[str, Tolerance],
-        failures: list[Comparison],
+        comparisons: list[Comparison],
         remeasure: Callable[[], bool],
     ) -> list[Comparison]:
-        """Near-limit regressions only: one more load, then the verdict on all runs (the failures that remain)."""
-        first = ", ".join(f"{c.metric} {c.change_pct:+.1f}%" for c in failures if c.change_pct is not None)
-        if not remeasure():
-            return failures
-        comparisons = compare(entry, record.metric_samples(), tolerances, judge=self.judge)
+        """Suspect verdicts (noise.Decision.suspect): up to --vllm-confirm-sessions fresh servers, stopping early once
+        nothing is suspect any more, then the verdict on all sessions (the failures that remain). Only the last look
+        fails a near-limit family, so the suite's level holds (an earlier look may only clear it)."""
+        suspects = [c for c in comparisons if c.confirmable]
+        first = ", ".join(f"{c.metric} {c.change_pct:+.1f}% ({c.status})" for c in suspects if c.change_pct is not None)
+
+        def rerun(sessions: int) -> list[Comparison] | None:
+            if not remeasure():
+                return None
+            return compare(entry, record.metric_samples(), tolerances, judge=self.judge, now_sessions=sessions)
+
+        comparisons, sessions = confirm_on_fresh_sessions(comparisons, rerun, self.settings.vllm_confirm_sessions)
         record.comparisons = [c.to_dict() for c in comparisons]
         failures = gate_failures(comparisons, self.settings.vllm_strict)
-        outcome = "still fails" if failures else "passes: the first runs were noise"
+        if sessions == 1:
+            record.notes.append(f"{CONFIRM_NOTE} {first}: no fresh server could start; decided on the first session")
+            return failures
+        outcome = "fails" if failures else "passes"
         record.notes.append(
-            f"{CONFIRM_NOTE} {first} near the limit; one more load, decided on all {len(record.loads)} runs: {outcome}"
+            f"{CONFIRM_NOTE} {first}; re-measured on {sessions - 1} fresh server{'s' if sessions > 2 else ''}, "
+            f"decided on all {sessions} sessions ({len(record.loads)} loads): {outcome}"
         )
         return failures
 
@@ -348,9 +373,11 @@ def suite_lines(gate: Gate, records: Sequence[TestRecord]) -> list[str]:
     lines = [f"gate: {gate.suite.summary(judged, families)}"]
     confirmed = [note for record in records for note in record.notes if note.startswith(CONFIRM_NOTE)]
     if confirmed:
-        cleared = sum("passes" in note for note in confirmed)
+        cleared = sum(note.endswith("passes") for note in confirmed)
+        failed = sum(note.endswith("fails") for note in confirmed)
         lines.append(
-            f"gate: {len(confirmed)} near-limit verdict{'' if len(confirmed) == 1 else 's'} re-measured with one "
-            f"more load: {cleared} cleared, {len(confirmed) - cleared} confirmed"
+            f"gate: {len(confirmed)} suspect test{'' if len(confirmed) == 1 else 's'} re-measured on fresh servers: "
+            f"{cleared} cleared, {failed} failed"
+            + (f", {len(confirmed) - cleared - failed} could not restart" if len(confirmed) > cleared + failed else "")
         )
     return lines

@@ -102,7 +102,7 @@ class PluginSession:
         result = yield
         record = self.state.records.get(item.nodeid)
         if record is not None and record.failure is None:
-            remeasure = item.stash.get(remeasure_key, None)  # the gate's confirmation of a near-limit verdict
+            remeasure = item.stash.get(remeasure_key, None)  # the gate's confirmation on fresh servers
             server = self.state.servers.get(item.nodeid)
             problems = evaluate_record(self, record, marker_tolerances(item), server, remeasure)
             if problems:

@@ -638,6 +638,7 @@ class GateOptions:
     vllm_require_baseline: bool = False
     vllm_strict: bool = False
     vllm_gate_alpha: float = 0.025
+    vllm_confirm_sessions: int = 2
 
 
 def test_the_gates_store_keeps_history_for_throughput_and_latency_only(tmp_path: Path) -> None:

@@ -9,14 +9,21 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pytest_vllm_mem.baseline.compare import Comparison
 from pytest_vllm_mem.baseline.noise import (
     ALPHAS,
+    CONFIRM_SESSIONS,
+    DEFAULT_PRIOR,
+    SUSPECT_LEVEL,
     Decision,
     NoiseError,
+    SuiteLevel,
+    confirm_on_fresh_sessions,
     decide,
     log_deviations,
     median,
     median_variance_factor,
+    normal_quantile,
     pooled_spread,
     t_quantile,
 )
@@ -431,12 +438,64 @@ def test_a_pooled_spread_replaces_a_few_session_window_and_needs_enough_of_them(
     assert judged.k == pytest.approx(t_quantile(9, 0.01))  # the pooled degrees of freedom, not the window's 2
 
 
-def test_a_failure_near_its_limit_is_within_reach_a_plain_one_is_not() -> None:
+def test_a_failure_near_its_limit_is_suspect_a_plain_one_is_not() -> None:
     near = decide([1000.0] * 3, [850.0, 860.0, 840.0], higher_is_better=True, floor=0.10)
     far = decide([1000.0] * 3, [100.0, 110.0, 90.0], higher_is_better=True, floor=0.10)
     assert near.status == far.status == "regressed"
-    assert near.within_reach and 1 < near.margin < far.margin and not far.within_reach
-    assert not decide([1000.0] * 3, [1000.0] * 3, higher_is_better=True, floor=0.10).within_reach
+    assert near.suspect and 1 < near.margin < far.margin and not far.suspect
+    assert not decide([1000.0] * 3, [1000.0] * 3, higher_is_better=True, floor=0.10).suspect
+
+
+def test_a_pass_is_suspect_when_worse_than_its_baseline_at_the_suspect_level() -> None:
+    """At a 20-test suite's share a -25% session passes against one recorded session, but it is 1.96 standard
+    errors out: fresh servers decide. -5% is not; an improvement never is."""
+    level = SuiteLevel(families=20).per_comparison
+    prior = DEFAULT_PRIOR
+    worse = decide([1000.0], [750.0], higher_is_better=True, floor=0.10, alpha=level, prior=prior)
+    assert worse.status == "ok" and worse.z is not None and worse.z >= normal_quantile(SUSPECT_LEVEL)
+    assert worse.suspect
+    slight = decide([1000.0], [950.0], higher_is_better=True, floor=0.10, alpha=level, prior=prior)
+    better = decide([1000.0], [1300.0], higher_is_better=True, floor=0.10, alpha=level, prior=prior)
+    assert not slight.suspect and not better.suspect
+
+
+def test_sessions_are_averaged_on_the_log_scale_and_count_as_independent_draws() -> None:
+    """Three fresh sessions: the mean of their logs (not the median of 3, whose variance is 1.35 times larger), judged
+    with the session spread divided by the sessions."""
+    one = decide([1000.0], [800.0], higher_is_better=True, floor=0.10, prior=DEFAULT_PRIOR)
+    three = decide(
+        [1000.0], [800.0, 640.0, 1000.0], higher_is_better=True, floor=0.10, prior=DEFAULT_PRIOR, now_sessions=3
+    )
+    centre = math.exp(sum(math.log(v) for v in (800.0, 640.0, 1000.0)) / 3)
+    assert three.worse_by == pytest.approx(0.2)  # the change shown is still of the medians
+    assert three.stderr is not None and one.stderr is not None and three.z is not None
+    assert -math.log(centre / 1000.0) == pytest.approx(three.z * three.stderr)  # judged: the mean of the logs
+    # One recorded session against three: the session spread counts 1 + 1/3 times, not 2 (0.10 x 1.155 vs 1.414).
+    assert three.stderr == pytest.approx(0.10 * math.sqrt(1 + 1 / 3)) and one.stderr == pytest.approx(
+        0.10 * math.sqrt(2)
+    )
+
+
+def test_confirmation_stops_once_nothing_is_suspect_and_never_runs_past_its_sessions() -> None:
+    suspect = Comparison("output_throughput", 1000.0, 700.0, -30.0, None, "regressed", confirmable=True)
+    cleared = Comparison("output_throughput", 1000.0, 990.0, -1.0, None, "ok")
+    looks: list[int] = []
+
+    def clears(sessions: int) -> list[Comparison]:
+        looks.append(sessions)
+        return [cleared]
+
+    assert confirm_on_fresh_sessions([suspect], clears) == ([cleared], 2) and looks == [2]
+    looks.clear()
+
+    def stays(sessions: int) -> list[Comparison]:
+        looks.append(sessions)
+        return [suspect]
+
+    assert confirm_on_fresh_sessions([suspect], stays) == ([suspect], CONFIRM_SESSIONS + 1)
+    assert looks == list(range(2, CONFIRM_SESSIONS + 2))
+    assert confirm_on_fresh_sessions([suspect], lambda sessions: None) == ([suspect], 1)
+    assert confirm_on_fresh_sessions([cleared], stays) == ([cleared], 1)
 
 
 def test_ttft_has_its_own_session_spread_wide_enough_for_the_shifts_seen_on_healthy_runs() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from pytest_vllm_mem.baseline.metrics import Tolerance
-from pytest_vllm_mem.baseline.noise import ALPHAS, NoiseJudge
+from pytest_vllm_mem.baseline.noise import ALPHAS, CONFIRM_SESSIONS, NoiseJudge
 from pytest_vllm_mem.baseline.results import TestRecord
 from pytest_vllm_mem.baseline.store import BaselineEntry, BaselineStore, EnvKey
 from pytest_vllm_mem.plugin.gate import Gate, env_key, evaluate_record, tier_problem
@@ -65,6 +65,7 @@ class FakeSettings:
     vllm_require_baseline: bool = False
     vllm_strict: bool = False
     vllm_gate_alpha: float = 0.025
+    vllm_confirm_sessions: int = 2
 
 
 @dataclass
@@ -383,51 +384,86 @@ def test_the_planned_suite_shares_the_level_out_over_the_tests_that_run_loads(ba
     assert gate.suite.families == 1 and gate.judge.alpha == pytest.approx(0.025)
 
 
-def test_a_near_limit_regression_is_measured_again_and_cleared_on_all_runs(baseline: Path) -> None:
+def test_a_near_limit_regression_is_measured_again_on_fresh_servers_and_cleared(baseline: Path) -> None:
     write_baseline(baseline, make_record(load(1000.0), load(1010.0), load(990.0)))
     state = noise_state(baseline)
-    record = make_record(load(700.0))  # one slow load: -30%, past the limit of one session against one
+    record = make_record(load(700.0))  # one slow session: -30%, past the limit of one session against one
     calls: list[int] = []
 
     def remeasure() -> bool:
         calls.append(1)
-        record.loads.extend([load(1000.0), load(1005.0)])  # the same load twice more here, to show the median move
+        record.loads.append(load(1000.0))  # a fresh server's session of the same load
         return True
 
     assert evaluate_record(state, record, {}, None, remeasure) is None
-    assert calls == [1]
-    assert any(n.startswith("confirmation:") and "passes" in n for n in record.notes)
+    assert calls == [1]  # cleared after one fresh server: nothing suspect is left, no second one
+    assert any(n.startswith("confirmation:") and n.endswith("passes") and "1 fresh server," in n for n in record.notes)
     from pytest_vllm_mem.plugin.gate import suite_lines
 
     lines = suite_lines(state.gate, [record])
     assert "noise-judged comparisons in 1 family" in lines[0] and "expected false failures per healthy run" in lines[0]
-    assert "1 near-limit verdict re-measured with one more load: 1 cleared, 0 confirmed" in lines[1]
+    assert "1 suspect test re-measured on fresh servers: 1 cleared, 0 failed" in lines[1]
 
 
-def test_a_confirmed_regression_fails_with_the_statistics_of_every_run(baseline: Path) -> None:
+def test_a_confirmed_regression_fails_on_every_session_it_was_measured_in(baseline: Path) -> None:
     write_baseline(baseline, make_record(load(1000.0), load(1010.0), load(990.0)))
     state = noise_state(baseline)
     record = make_record(load(650.0))
+    calls: list[int] = []
 
     def remeasure() -> bool:
+        calls.append(1)
         record.loads.append(load(660.0))
         return True
 
     failure = evaluate_record(state, record, {}, None, remeasure)
-    assert failure is not None and "output_throughput" in failure and "2 runs vs 3" in failure
-    assert any("still fails" in n for n in record.notes)
+    assert calls == [1] * CONFIRM_SESSIONS  # a near-limit family fails only at the last look
+    assert failure is not None and "output_throughput" in failure and f"{CONFIRM_SESSIONS + 1} runs vs 3" in failure
+    assert any(n.endswith("fails") and f"all {CONFIRM_SESSIONS + 1} sessions" in n for n in record.notes)
 
 
-def test_a_plain_regression_or_a_memory_failure_costs_no_more_load(baseline: Path) -> None:
+def test_a_pass_worse_than_its_baseline_at_the_suspect_level_is_confirmed_and_can_fail(baseline: Path) -> None:
+    """A 20-test suite's share of the level lets a one-session -35% pass against a baseline recorded once; fresh
+    servers that show it again fail it."""
+    entry = make_record(load(1000.0), load(1010.0), load(990.0))
+    write_baseline(baseline, entry)
+    state = noise_state(baseline)
+    state.gate.plan(20)
+    probe = make_record(load(650.0))
+    assert evaluate_record(state, probe, {}) is None  # without a confirmation: the first session passes
+    first = next(c for c in probe.comparisons if c["metric"] == "output_throughput")
+    assert first["status"] == "ok" and first["confirmable"]  # but it is suspect
+    record = make_record(load(650.0))
+    calls: list[int] = []
+
+    def remeasure() -> bool:
+        calls.append(1)
+        record.loads.append(load(655.0))
+        return True
+
+    failure = evaluate_record(state, record, {}, None, remeasure)
+    assert calls == [1] * CONFIRM_SESSIONS and failure is not None and "output_throughput" in failure
+
+
+def test_a_fresh_server_that_cannot_start_leaves_the_first_verdict(baseline: Path) -> None:
+    write_baseline(baseline, make_record(load(1000.0), load(1010.0), load(990.0)))
+    state = noise_state(baseline)
+    record = make_record(load(650.0))
+    assert evaluate_record(state, record, {}, None, lambda: False) is not None
+    assert any("no fresh server could start" in n for n in record.notes)
+
+
+def test_a_plain_regression_or_a_memory_failure_costs_no_fresh_server(baseline: Path) -> None:
     write_baseline(baseline, make_record(load(1000.0), load(1010.0), load(990.0)))
     state = noise_state(baseline)
 
     def never() -> bool:
-        raise AssertionError("no confirmation load expected")
+        raise AssertionError("no confirmation expected")
 
-    # A 90% drop is far beyond reach of its limit; a memory failure is not noise-judged.
+    # A 90% drop is far beyond reach of its limit; a memory failure is not noise-judged; a healthy run is not suspect.
     assert evaluate_record(state, make_record(load(100.0)), {}, None, never) is not None
     assert evaluate_record(state, make_record(load(peak=8 * GIB)), {}, None, never) is not None
+    assert evaluate_record(state, make_record(load(1002.0)), {}, None, never) is None
 
 
 def test_an_update_names_a_step_in_the_session_series(baseline: Path, tmp_path: Path) -> None:

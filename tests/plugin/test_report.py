@@ -166,6 +166,7 @@ class FakeSettings:
     vllm_require_baseline: bool = False
     vllm_strict: bool = False
     vllm_gate_alpha: float = 0.025
+    vllm_confirm_sessions: int = 2
 
 
 def fake_settings(writer: ReportWriter) -> FakeSettings:
