@@ -30,8 +30,11 @@ sys.path.insert(0, str(ROOT))
 
 from pytest_vllm_mem.plan.memory_plan import GIB, Card, Plan, plan
 from pytest_vllm_mem.plan.modelinfo import model_info_from_config
+from pytest_vllm_mem.versions import default_utilization
 
 DATA = Path(__file__).resolve().parent / "data" / "gpu_startups.json"
+# The newest collection of public rows (issue 24's second search), shown split by split in the tables.
+LATEST_COLLECTION = "issue24-second-2026-12-02"
 
 # (id, flags, env). Utilizations are of this machine's NUMA node (no tier: vLLM sizes from the node itself).
 CPU_CASES: list[tuple[str, dict[str, Any], dict[str, str]]] = [
@@ -160,10 +163,10 @@ def _card_class(entry: dict[str, Any]) -> str:
         return "any (refused before allocation)"
     if "a100" in gpu:
         return "A100"
+    if entry.get("nvlink", True) is False or any(k in gpu for k in ("rtx", "3090", "4090", "5090", "a6000")):
+        return "consumer/workstation (PCIe)"  # RTX PRO 6000 (96 GB) too: PCIe, no NVLink
     if entry["total_gib"] >= 70:
         return "datacentre >=70 GiB (H100/H200/B200/MI300X)"
-    if entry.get("nvlink", True) is False or any(k in gpu for k in ("rtx", "3090", "4090", "5090", "a6000")):
-        return "consumer/workstation (PCIe)"
     return "other"
 
 
@@ -190,7 +193,7 @@ def _plan_entry(entry: dict[str, Any], models: dict[str, Any], calibration: Any 
             dict(entry.get("flags", {})),
             card,
             vllm_version=entry["vllm_version"],
-            default_utilization=entry.get("default_utilization", 0.9),
+            default_utilization=entry.get("default_utilization", default_utilization(entry["vllm_version"])),
             calibration=calibration,
         )
     except PlanUnsupported as error:
@@ -215,6 +218,8 @@ def gpu_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
             "source": entry["source"],
             "split": entry.get("split", "fit"),
             "collected": entry.get("collected"),
+            "collection": entry.get("collection", entry.get("collected") or "the 45 constant-setting rows"),
+            "version_basis": entry.get("version_basis", "stated"),
             "after_rules": bool(entry.get("collected_after_rules")) and not entry.get("used_for_fit"),
             "used_for_fit": entry.get("used_for_fit"),
             "card_class": _card_class(entry),
@@ -355,7 +360,7 @@ def run_gpu(out: Path | None, show_holdout: bool = True) -> int:
             row["set"] = "in-sample: collected 2026-12, rules written on them"
         else:
             row["set"] = "in-sample: the 45 rows the constants were set on"
-    tables = {key: _table(rows, key) for key in ("set", "release_family", "card_class")}
+    tables = {key: _table(rows, key) for key in ("set", "release_family", "card_class", "collection")}
     shown = rows if show_holdout else [r for r in rows if not r["out_of_sample"]]
     _print_table("by set", _table(shown, "set"), "set")
     held = [r for r in rows if r["out_of_sample"]]
@@ -366,6 +371,19 @@ def run_gpu(out: Path | None, show_holdout: bool = True) -> int:
             "release_family",
         )
         _print_table("out-of-sample rows by card class", _table(held, "card_class"), "card_class")
+    if show_holdout:
+        _print_table(
+            "rows by collection (each split by the hash rule before it was planned)", tables["collection"], "collection"
+        )
+        latest = [r for r in rows if r["collection"] == LATEST_COLLECTION]
+        for split in ("holdout", "fit"):
+            part = [r for r in latest if r["split"] == split]
+            _print_table(
+                f"{LATEST_COLLECTION}, split {split}, by release family",
+                _table(part, "release_family"),
+                "release_family",
+            )
+            _print_table(f"{LATEST_COLLECTION}, split {split}, by card class", _table(part, "card_class"), "card_class")
     fit = [r for r in rows if not r["out_of_sample"]]
     _print_table("in-sample rows by release family", _table(fit, "release_family"), "release_family")
     _print_table("in-sample rows by card class", _table(fit, "card_class"), "card_class")

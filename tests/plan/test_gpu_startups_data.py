@@ -1,0 +1,46 @@
+"""The public GPU startup data the plan's accuracy is measured on (benchmarks/data/gpu_startups.json): every row
+names its source and a model with an architecture entry, and every collected row's split is the hash rule's, set
+before the plan was run on it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "gpu_startups.json"
+VERDICTS = {"fits", "kv_cache_insufficient", "weights_too_large", "cuda_oom", "refused"}
+
+
+def _data() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(DATA.read_text())
+    return data
+
+
+def test_every_row_has_a_source_a_known_model_and_an_outcome_the_benchmark_compares() -> None:
+    data = _data()
+    ids = [row["id"] for row in data["startups"]]
+    assert len(ids) == len(set(ids))
+    for row in data["startups"]:
+        assert row["source"], row["id"]
+        assert row["model"] in data["models"], row["id"]
+        assert row.get("outcome", "fits") in VERDICTS, row["id"]
+        assert row["total_gib"] > 0, row["id"]
+
+
+def test_collected_rows_are_split_by_the_hash_of_their_source() -> None:
+    for row in _data()["startups"]:
+        if not row.get("collected"):
+            continue
+        held_out = int(hashlib.sha256(row["source"].encode()).hexdigest(), 16) % 3 == 0
+        assert row["split"] == ("holdout" if held_out else "fit"), row["id"]
+
+
+def test_rows_collected_after_the_rules_say_how_their_release_is_known() -> None:
+    rows = [r for r in _data()["startups"] if r.get("collection") == "issue24-second-2026-12-02"]
+    assert len(rows) == 18
+    for row in rows:
+        assert row["collected_after_rules"] is True, row["id"]
+        basis = row["version_basis"]
+        assert basis.startswith("stated") or basis.startswith("era: "), row["id"]
