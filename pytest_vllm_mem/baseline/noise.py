@@ -292,8 +292,8 @@ class Decision:
     def suspect(self) -> bool:
         """Worth re-measuring on fresh servers before deciding: a regression within reach of its limit (a slow
         session may have made it), or a pass worse than the baseline at SUSPECT_LEVEL (a regression one session's
-        noise may hide). A regression far past its limit is plain."""
-        if self.margin > CONFIRM_REACH or self.status == "improved":
+        noise may hide). A regression far past its limit is plain; a change within the tolerance can never fail."""
+        if self.margin > CONFIRM_REACH or self.status == "improved" or self.worse_by <= self.floor:
             return False
         return self.status == "regressed" or (self.z is not None and self.z >= normal_quantile(SUSPECT_LEVEL))
 

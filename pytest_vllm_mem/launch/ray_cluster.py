@@ -46,7 +46,7 @@ from pytest_vllm_mem.launch.server import (
     free_port,
     launch,
     served_model_name,
-    server_env,
+    spawn_server,
 )
 from pytest_vllm_mem.memory import MemorySampler, detect_devices, gpus_used, make_probe, server_devices
 from pytest_vllm_mem.versions import launch_argv
@@ -307,14 +307,7 @@ class ServerHost:
         log_path = settings.log_dir / f"{os.getpid()}-rank{rank}-{Path(launched.model).name}.log"
         probe = make_probe(server_devices(detect_devices(), launched.flags))
         with open(log_path, "wb") as log:
-            process = subprocess.Popen(
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=server_env(launched, settings),
-                start_new_session=True,
-            )
+            process = spawn_server(argv, log, launched, settings)
         lifeline().watch(process.pid)
         sampler = MemorySampler(probe, process.pid, settings.sample_period_s, close_probe=True).start()
         sampler.mark("launch")

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import IO, Protocol, TypeVar
 
 import psutil
 import requests
@@ -488,14 +488,7 @@ def _spawn(
     with open(log_path, "wb") as log:
         # No shell: flag values reach vLLM as argv items, never interpreted. Own session = own process group.
         try:
-            process = subprocess.Popen(
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=server_env(launched, settings),
-                start_new_session=True,
-            )
+            process = spawn_server(argv, log, launched, settings)
         except OSError as error:
             if server_probe is not probe:
                 server_probe.close()
@@ -523,6 +516,21 @@ def _spawn(
     with _LIVE_LOCK:
         _LIVE[process.pid] = server
     return server
+
+
+def spawn_server(
+    argv: list[str], log: IO[bytes], launched: VLLMConfig, settings: LaunchSettings
+) -> subprocess.Popen[bytes]:
+    """A vLLM process in a session of its own (its own process group: stopped, and told apart from other jobs' GPU
+    processes, by it), its output into `log`. No shell: flag values reach vLLM as argv items, never interpreted."""
+    return subprocess.Popen(
+        argv,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=server_env(launched, settings),
+        start_new_session=True,
+    )
 
 
 def _await_startup(server: VLLMServer, settings: LaunchSettings, advise: Advise | None) -> VLLMServer:

@@ -457,6 +457,9 @@ def test_a_pass_is_suspect_when_worse_than_its_baseline_at_the_suspect_level() -
     slight = decide([1000.0], [950.0], higher_is_better=True, floor=0.10, alpha=level, prior=prior)
     better = decide([1000.0], [1300.0], higher_is_better=True, floor=0.10, alpha=level, prior=prior)
     assert not slight.suspect and not better.suspect
+    # Within its tolerance a change never fails, so no fresh server is spent on it, however many errors out it is.
+    wide = decide([1000.0], [750.0], higher_is_better=True, floor=0.80, alpha=level, prior=prior)
+    assert wide.z == worse.z and not wide.suspect
 
 
 def test_sessions_are_averaged_on_the_log_scale_and_count_as_independent_draws() -> None:
