@@ -1307,7 +1307,7 @@ _RAISING_CHECKS: tuple[tuple[re.Pattern[str], str, FailureKind, str, str], ...] 
         "the check that free memory fell while profiling",
     ),
     (
-        re.compile(r"_?(?:get_and_)?verify_\w+|_verify_args"),
+        re.compile(r"_?(?:get_and_)?verify_\w+|_verify_args|_?check_if_(?:gpu_)?supports_dtype"),
         "ValueError",
         "bad_flag",
         "arguments",
@@ -1370,6 +1370,21 @@ _CUT_CHECKS = tuple(
 _CALL = re.compile(r"\b(\w+)\(")
 
 
+def _cut_callee(lines: Sequence[_Line], last: _Line, name: str) -> list[str]:
+    """The function a traceback's last frame is in, when the excerpt ends on that frame's line and may have cut its
+    name ("line 335, in raise"): the frame above called it, so the one call in that frame's source line whose name
+    the cut name starts is the full name."""
+    source = [entry.text for entry in lines[max(0, last.index - _FRAME_SOURCE_LINES) : last.index]]
+    above = next((index for index in range(len(source) - 1, -1, -1) if _FRAME.match(source[index])), None)
+    calls = {
+        call.group(1)
+        for text in source[above + 1 if above is not None else 0 :]
+        for call in _CALL.finditer(text)
+        if call.group(1).startswith(name) and call.group(1) != name
+    }
+    return list(calls) if len(calls) == 1 else []
+
+
 def _cut_in_check(lines: Sequence[_Line]) -> Diagnosis | None:
     last = next((entry for entry in reversed(lines) if _FRAME.match(entry.text)), None)
     if last is None:
@@ -1379,6 +1394,8 @@ def _cut_in_check(lines: Sequence[_Line]) -> Diagnosis | None:
         return None
     frame = _FRAME.match(last.text)
     names = [frame.group(2)] if frame else []
+    if frame and not tail:
+        names += _cut_callee(lines, last, frame.group(2))
     names += [call.group(1) for entry in tail if entry.text[:1].isspace() for call in _CALL.finditer(entry.text)]
     for pattern, _, kind, phase, check in _CUT_CHECKS:
         name = next((name for name in names if pattern.fullmatch(name)), None)
@@ -1458,9 +1475,22 @@ _SETTINGS = (
     "cpu_offload_gb",
     "max_lora_rank",
 )
+# A value of --dtype named in the message ("Bfloat16 is only supported on GPUs with compute capability of at least
+# 8.0", "torch.bfloat16 is not supported for quantization method awq") is the dtype setting rejected.
+_DTYPE_VALUES = re.compile(r"^(?:torch\.)?(?:bfloat16|float16|float32)$", re.IGNORECASE)
 _SETTING_WORDS = re.compile(
-    "|".join(rf"\b{name.replace('_', '[ _-]')}\b" for name in _SETTINGS) + r"|`dtype`|\bdtype=", re.IGNORECASE
+    "|".join(rf"\b{name.replace('_', '[ _-]')}\b" for name in _SETTINGS)
+    + r"|`dtype`|\bdtype=|(?<![\w.])(?:torch\.)?(?:bfloat16|float16|float32)\b",
+    re.IGNORECASE,
 )
+
+
+def _setting_name(found: str) -> str:
+    """A setting as _SETTING_WORDS found it, by its EngineArgs name ("tensor parallel size" -> tensor_parallel_size)."""
+    if _DTYPE_VALUES.match(found):
+        return "dtype"
+    word = re.sub(r"[ -]", "_", found.strip("`=").lower())
+    return "quantization" if word == "quantization_method" else word
 
 
 def _names_of_settings(message: str) -> tuple[str, ...]:
@@ -1468,8 +1498,7 @@ def _names_of_settings(message: str) -> tuple[str, ...]:
     flags = _dedupe(_FLAG_TOKEN.findall(message))
     if flags:
         return flags
-    words = (re.sub(r"[ -]", "_", found.strip("`=").lower()) for found in _SETTING_WORDS.findall(message))
-    return _dedupe(word.replace("quantization_method", "quantization") for word in words)
+    return _dedupe(_setting_name(found) for found in _SETTING_WORDS.findall(message))
 
 
 def _flag_named(lines: Sequence[_Line]) -> Diagnosis | None:

@@ -1189,6 +1189,10 @@ def test_the_held_out_split_is_the_hash_rule_over_the_issue_23_batch() -> None:
     assert len(blind2) == 27 and not any(score.is_held_out(name, INDEX[name]) for name in blind2)  # type: ignore[attr-defined]
     blind3 = [name for name, entry in INDEX.items() if entry.get("batch") == "issue23-blind3"]
     assert len(blind3) == 21 and not any(score.is_held_out(name, INDEX[name]) for name in blind3)  # type: ignore[attr-defined]
+    # Blind batch 4 is split by the same hash rule: 14 of its 31 logs are held out.
+    blind4 = [name for name, entry in INDEX.items() if entry.get("batch") == "issue23-blind4"]
+    held4 = [name for name in blind4 if score.is_held_out(name, INDEX[name])]  # type: ignore[attr-defined]
+    assert len(blind4) == 31 and len(held4) == 14
 
 
 def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.CaptureFixture[str]) -> None:
@@ -1209,6 +1213,13 @@ def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.Captu
     # before they were written (seen_before_rule), 2 are strict xfails.
     assert "blind batch 3 (collected after the rules froze a third time): 19/21 logs right" in out
     assert "(3 of them seen before a later rule)" in out
+    # Blind batch 4, frozen at BLIND4_RULES_SHA256 (24/31): the in-sample two thirds 12/17 -> 14/17 with round 4's
+    # later rules (2 seen before them), the held-out third 12/14 both before and after, scored once at the end.
+    assert (
+        "blind batch 4, in-sample two thirds (collected after the rules froze a fourth time): 14/17 logs right" in out
+    )
+    assert "blind batch 4, held-out third: 12/14 logs right" in out
+    assert "never fitted, together: 82/86 logs right" in out
 
 
 # --- round 4: lines as they reach users, configuration checks by where they raise --------------------------------
@@ -1233,7 +1244,8 @@ def test_a_value_error_raised_in_vllms_config_is_a_rejected_setting() -> None:
     assert "_get_quantization_config" in diagnosis.summary
     # The same exception raised from a model's own code is not a configuration check.
     moved = log("gpu-0.7-awq-bfloat16-dtype-13150.log").replace("vllm/config.py", "vllm/model_executor/models/x.py")
-    assert classify_failure(moved.replace("quantization method", "method"), 1).kind == "crash"
+    unnamed = moved.replace("quantization method", "method").replace("bfloat16", "x").replace("float16", "y")
+    assert classify_failure(unnamed, 1).kind == "crash"
 
 
 def test_pydantic_value_error_line_without_its_header_is_a_rejected_setting() -> None:
@@ -1246,8 +1258,8 @@ def test_a_value_error_naming_an_engine_setting_in_words_is_a_rejected_setting()
     diagnosis = classify_failure(log("gpu-0.1x-tp-heads-divisible-fsdrive21.log"), 1)
     assert (diagnosis.kind, diagnosis.phase) == ("bad_flag", "arguments")
     assert rejected_flags(diagnosis) == ("tensor_parallel_size",)
-    # "quantization method awq": the setting is --quantization (advice reads its value from the config)
-    assert rejected_flags(classify_failure(log("gpu-0.7-awq-bfloat16-dtype-13150.log"), 1)) == ("quantization",)
+    # "torch.bfloat16 is not supported for quantization method awq": --dtype against --quantization
+    assert rejected_flags(classify_failure(log("gpu-0.7-awq-bfloat16-dtype-13150.log"), 1)) == ("dtype", "quantization")
     # A ValueError that names no setting stays a crash.
     assert classify_failure(
         "ValueError: Model architectures ['FooForCausalLM'] are not supported for now.\n", 1
@@ -1313,3 +1325,23 @@ def test_startup_figures_with_less_free_than_asked_are_the_free_memory_check_cut
     assert (diagnosis.kind, diagnosis.phase) == ("insufficient_free_memory", "device_check")
     assert (diagnosis.figures["free_gib"], diagnosis.figures["requested_gib"]) == (20.13, 21.67)
     assert classify_failure(GPU_TOTALS_033, 1).kind == "crash"  # enough was free: the figures tell nothing
+
+
+def test_a_value_error_naming_a_dtype_value_is_the_dtype_setting_rejected() -> None:
+    # V0's dtype check on a V100, without the later "--dtype=half" hint (blind batch 4, in-sample).
+    diagnosis = classify_failure(log("gpu-0.1-bfloat16-v100-bold-730.log"), 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("bad_flag", "arguments")
+    assert rejected_flags(diagnosis) == ("dtype",)
+    assert classify_failure("ValueError: bfloat16s are fine\n", 1).kind == "crash"  # a word, not the value
+
+
+def test_a_last_frame_whose_name_is_cut_is_the_call_the_frame_above_makes() -> None:
+    # vllm#4429 ends at "line 335, in raise": the frame above calls raise_if_cache_size_invalid(...).
+    diagnosis = classify_failure(log("gpu-0.4-kv-check-frames-cut-l40-4429.log"), 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("kv_cache_insufficient", "kv_cache_allocation")
+    assert "raise_if_cache_size_invalid" in diagnosis.summary
+    # A cut name that two calls above could complete names neither.
+    text = log("gpu-0.4-kv-check-frames-cut-l40-4429.log").replace(
+        "raise_if_cache_size_invalid(num_gpu_blocks,", "raise_if_cache_size_invalid(raise_other(num_gpu_blocks),"
+    )
+    assert classify_failure(text, 1).kind == "crash"
