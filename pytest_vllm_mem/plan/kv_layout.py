@@ -15,13 +15,17 @@ the sum, and "GPU KV cache size: N tokens" is concurrency x max_model_len: a der
 plan gates on KV bytes and blocks. With --disable-hybrid-kv-cache-manager every layer is planned as full attention.
 The in-flight tokens are max_num_batched_tokens (vLLM 0.32 reserves two batches with async scheduling; the
 difference shows only when window + batch < max_model_len).
+
+State layers (Gated DeltaNet, Mamba; layers.py) are grouped the same way: their page is padded to the
+attention page, and one request takes a fixed number of pages per state group (`state_blocks`: 1, or 2 with prefix
+caching), whatever its length.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pytest_vllm_mem.plan.layers import CHUNKED, FULL, SLIDING
+from pytest_vllm_mem.plan.layers import CHUNKED, FULL, SLIDING, STATE_KINDS
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -71,7 +75,11 @@ class KVLayout:
         return max(0, (blocks - fixed) // full_groups) * block
 
 
-def _blocks_for(kind: str, *, max_model_len: int, block: int, window: int, chunk: int, in_flight: int) -> int:
+def _blocks_for(
+    kind: str, *, max_model_len: int, block: int, window: int, chunk: int, in_flight: int, state_blocks: int
+) -> int:
+    if kind in STATE_KINDS:
+        return state_blocks
     if kind == SLIDING:
         return ceil_div(min(window - 1 + in_flight, max_model_len), block) + 1
     if kind == CHUNKED:
@@ -89,17 +97,24 @@ def layout(
     chunk: int | None,
     in_flight: int,
     hybrid_manager: bool = True,
+    state_blocks: int = 1,
 ) -> KVLayout:
-    """The pool layout of one GPU's attention layers (`kinds`: one per layer; state layers are not passed)."""
+    """The pool layout of one GPU's layers (`kinds`: one per layer that keeps a cache: attention or state)."""
     counts: dict[str, int] = {}
-    for kind in kinds if hybrid_manager else (FULL,) * len(kinds):
+    for kind in kinds if hybrid_manager else tuple(k if k in STATE_KINDS else FULL for k in kinds):
         counts[kind] = counts.get(kind, 0) + 1
     smallest, largest = min(counts.values()), max(counts.values())
     group_size = largest if largest < smallest * 1.5 else smallest
     groups = tuple((kind, ceil_div(n, group_size)) for kind, n in counts.items())
     per_group = {
         kind: _blocks_for(
-            kind, max_model_len=max_model_len, block=block, window=window or 0, chunk=chunk or 0, in_flight=in_flight
+            kind,
+            max_model_len=max_model_len,
+            block=block,
+            window=window or 0,
+            chunk=chunk or 0,
+            in_flight=in_flight,
+            state_blocks=state_blocks,
         )
         for kind in counts
     }
@@ -109,7 +124,7 @@ def layout(
         group_size=group_size,
         blocks_per_request=sum(per_group[kind] * n for kind, n in groups),
         groups=groups,
-        bytes_per_token=page_bytes // block * (full_layers or len(kinds)),
+        bytes_per_token=page_bytes // block * (full_layers or sum(1 for k in kinds if k not in STATE_KINDS) or 1),
         full_blocks=per_group.get(FULL, 0),
         block=block,
     )

@@ -2,22 +2,53 @@
 
 Layer kinds (one per layer): "full" (a K/V entry per token of the context), "sliding" (the last `sliding_window`
 tokens), "chunked" (Llama 4's local attention: the current `attention_chunk_size` chunk), or the raw layer type of
-a state layer (Mamba, linear attention) the plan does not model. Where config.json names no `layer_types`, the
-pattern is the one the transformers config class builds: Gemma 2 alternates sliding and full (even layers slide),
-Gemma 3 / Cohere 2 put one full layer after every `sliding_window_pattern - 1` sliding ones, Llama 4 uses chunked
-attention on three of every four layers (the fourth has no RoPE and attends globally), and a model with a
-`sliding_window` alone (Mistral 7B v0.1) slides on every layer.
+a state layer (Gated DeltaNet "linear_attention", Mamba; below). Where config.json names no `layer_types`, the
+pattern is the one the transformers config class builds: Qwen3-Next / Qwen3.5 put one full attention layer after
+every `full_attention_interval - 1` linear-attention ones (default 4), Gemma 2 alternates sliding and full (even
+layers slide), Gemma 3 / Cohere 2 put one full layer after every `sliding_window_pattern - 1` sliding ones, Llama 4
+uses chunked attention on three of every four layers (the fourth has no RoPE and attends globally), and a model
+with a `sliding_window` alone (Mistral 7B v0.1) slides on every layer.
 
 The derived maximum length follows vLLM's `_get_and_verify_max_len` (vllm 0.32 config/model.py): the smallest of
 the length keys, times the RoPE scaling factor unless the RoPE type already scales max_position_embeddings (llama3,
 yarn, longrope, su, deepseek_yarn) or the model is Gemma 3.
+
+State layers beside attention: the per-request state vLLM keeps for a Gated DeltaNet or Mamba2 layer, and how its
+hybrid allocator gives those states and the attention blocks one page size. Each rule is vLLM's, read in its source:
+
+* State shapes (vllm 0.33 model_executor/layers/mamba/mamba_utils.py, the same in 0.32):
+  `gated_delta_net_state_shape`: conv state (conv_kernel - 1 + num_spec) x (2 k_heads k_dim + v_heads v_dim) / TP,
+  recurrent state v_heads / TP x v_dim x k_dim; `mamba2_state_shape`: conv state (conv_kernel - 1 + num_spec) x
+  (intermediate + 2 n_groups state_size) / TP (n_groups raised to TP when TP does not divide it), temporal state
+  heads / TP x head_dim x state_size.
+* State dtypes (`_mamba_state_dtype`): the conv state in --mamba-cache-dtype (auto: the model's dtype), the
+  recurrent/temporal state in --mamba-ssm-cache-dtype, whose "auto" the model's config class replaces
+  (model_executor/models/config.py): Qwen3.5/3.6 with config.json's `mamba_ssm_dtype` (float32 in Qwen3.5-27B's),
+  Nemotron-H with its `mamba_ssm_cache_dtype` or float32; otherwise the conv dtype.
+* One page size (platforms/interface.py `_align_hybrid_block_size`; config.py `HybridAttentionMambaModelConfig`
+  before the platform hook took it over): the attention block is raised to the smallest multiple of the kernel
+  alignment (max(16, --block-size)) whose page (block x one token's attention page) holds a whole state, and the
+  state page is padded to that attention page (`mamba_page_size_padded`).
+* Blocks one request takes in a state group (v1/kv_cache_interface.py `MambaSpec.max_memory_usage_bytes`): one
+  page, plus one per speculative token; with prefix caching (`mamba_cache_mode` "align") two. Prefix caching is on
+  by default for hybrid models from vLLM 0.28 (vllm#50991; vllm-project/vllm-metal#645 saw it arrive with 0.28.0),
+  opt-in (--enable-prefix-caching) before.
+* With full CUDA graphs (the default unless --enforce-eager) every decoding sequence needs one state block: vLLM
+  refuses to start when max_num_seqs exceeds the pool's blocks (config/compilation.py, vllm#38270, merged 2026-03).
+
+Not modelled: vLLM 0.33's FlashInfer GDN prefill on data-centre cards, which in align mode also aligns the block to
+its checkpoint grid and keeps one more state block per request; Kimi's KDA and other state layers (their shapes
+differ); ReplaySSM rings.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from math import prod
 from typing import Any
 
 FULL, SLIDING, CHUNKED = "full", "sliding", "chunked"
+GDN, MAMBA2 = "linear_attention", "mamba"  # state layers: Gated DeltaNet (Qwen3-Next, Qwen3.5+), Mamba2
 _LAYER_TYPE_KINDS = {
     "full_attention": FULL,
     "attention": FULL,
@@ -47,6 +78,10 @@ def layer_kinds(text: dict[str, Any], num_layers: int, window: int | None) -> tu
     if isinstance(declared, list) and len(declared) == num_layers:
         return tuple(_LAYER_TYPE_KINDS.get(str(kind), str(kind)) for kind in declared)
     model_type = str(text.get("model_type", ""))
+    if model_type.startswith(("qwen3_next", "qwen3_5")):  # Qwen3NextConfig / Qwen3_5TextConfig build them so
+        interval = text.get("full_attention_interval")
+        every = int(interval) if isinstance(interval, int) and interval > 0 else 4
+        return tuple(FULL if (i + 1) % every == 0 else GDN for i in range(num_layers))
     if window and model_type.startswith("gemma2"):
         return tuple(SLIDING if i % 2 == 0 else FULL for i in range(num_layers))
     pattern = text.get("sliding_window_pattern")
@@ -96,4 +131,153 @@ def derived_max_len(text: dict[str, Any]) -> tuple[int | None, str | None]:
     return int(best), key_used
 
 
-__all__ = ["CHUNKED", "FULL", "LENGTH_KEYS", "SLIDING", "derived_max_len", "layer_kinds"]
+STATE_KINDS = frozenset({GDN, MAMBA2})
+KERNEL_BLOCK_ALIGNMENT = 16  # the smallest kernel block of vLLM's CUDA attention backends (FlashAttention, FlashInfer)
+PREFIX_CACHING_DEFAULT_SINCE = (0, 28)  # vllm#50991: prefix caching (mamba_cache_mode "align") on for hybrid models
+MAMBA_BLOCKS_CHECK_SINCE = (0, 19)  # vllm#38270: "max_num_seqs (N) exceeds available Mamba cache blocks (M)"
+_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+
+
+@dataclass(frozen=True)
+class StateDims:
+    """What config.json says about a model's state layers (Gated DeltaNet or Mamba2)."""
+
+    kind: str  # GDN or MAMBA2
+    conv_kernel: int
+    num_k_heads: int = 0  # GDN
+    num_v_heads: int = 0  # GDN; Mamba2: heads
+    head_k_dim: int = 0  # GDN
+    head_v_dim: int = 0  # GDN; Mamba2: head_dim
+    n_groups: int = 0  # Mamba2
+    state_size: int = 0  # Mamba2
+    intermediate: int = 0  # Mamba2: heads x head_dim (or expand x hidden)
+    ssm_dtype: str | None = None  # the config's own choice for "auto" (Qwen3.5 mamba_ssm_dtype, Nemotron-H float32)
+
+
+@dataclass(frozen=True)
+class StateShape:
+    conv: tuple[int, int]
+    recurrent: tuple[int, int, int]
+    conv_bytes: int
+    recurrent_bytes: int
+
+    @property
+    def page_bytes(self) -> int:
+        """One request's state of one layer on one GPU (MambaSpec.page_size_bytes before padding)."""
+        return prod(self.conv) * self.conv_bytes + prod(self.recurrent) * self.recurrent_bytes
+
+
+def gdn_state_shape(dims: StateDims, tp: int, num_spec: int = 0) -> tuple[tuple[int, int], tuple[int, int, int]]:
+    """MambaStateShapeCalculator.gated_delta_net_state_shape (conv state in the (state_len, dim) layout)."""
+    conv_dim = dims.head_k_dim * dims.num_k_heads * 2 + dims.head_v_dim * dims.num_v_heads
+    return (dims.conv_kernel - 1 + num_spec, conv_dim // tp), (dims.num_v_heads // tp, dims.head_v_dim, dims.head_k_dim)
+
+
+def mamba2_state_shape(dims: StateDims, tp: int, num_spec: int = 0) -> tuple[tuple[int, int], tuple[int, int, int]]:
+    """MambaStateShapeCalculator.mamba2_state_shape, with extra_groups_for_head_shards."""
+    groups = dims.n_groups if dims.n_groups % tp == 0 else tp
+    conv_dim = dims.intermediate + 2 * groups * dims.state_size
+    return (dims.conv_kernel - 1 + num_spec, conv_dim // tp), (dims.num_v_heads // tp, dims.head_v_dim, dims.state_size)
+
+
+def state_shape(
+    dims: StateDims,
+    *,
+    tp: int,
+    model_dtype_bytes: int,
+    mamba_cache_dtype: str | None = None,
+    mamba_ssm_cache_dtype: str | None = None,
+    num_spec: int = 0,
+) -> StateShape:
+    """The shapes and element sizes of one state layer's page (see the module docstring for the dtype rule)."""
+    conv_bytes = _DTYPE_BYTES.get(str(mamba_cache_dtype or "auto"), model_dtype_bytes)
+    ssm_name = mamba_ssm_cache_dtype if mamba_ssm_cache_dtype not in (None, "auto") else dims.ssm_dtype
+    recurrent_bytes = _DTYPE_BYTES.get(str(ssm_name or "auto"), conv_bytes)
+    shape = gdn_state_shape if dims.kind == GDN else mamba2_state_shape
+    conv, recurrent = shape(dims, tp, num_spec)
+    return StateShape(conv, recurrent, conv_bytes, recurrent_bytes)
+
+
+def hybrid_block_size(*, block: int, attention_token_bytes: int, state_page_bytes: int) -> int:
+    """The attention block size vLLM sets so one attention page holds a state page (`_align_hybrid_block_size`):
+    alignment x ceil(state page / (alignment x one token's attention page)), never below the configured block."""
+    alignment = max(KERNEL_BLOCK_ALIGNMENT, block)
+    raised = alignment * -(-state_page_bytes // (alignment * attention_token_bytes))
+    raised = KERNEL_BLOCK_ALIGNMENT * -(-raised // KERNEL_BLOCK_ALIGNMENT)
+    return max(block, raised)
+
+
+def state_blocks_per_request(*, prefix_caching: bool, num_spec: int = 0) -> int:
+    """MambaSpec.max_memory_usage_bytes / page: 1 + num_spec ("none"), 2 + num_spec ("align")."""
+    return (2 if prefix_caching else 1) + num_spec
+
+
+def prefix_caching(flags: dict[str, Any], release: tuple[int, int]) -> bool:
+    """Whether vLLM runs the state layers in "align" mode: --enable-prefix-caching / --no-enable-prefix-caching,
+    else the release's default for hybrid models."""
+    value = flags.get("enable_prefix_caching")
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+        return value.strip().lower() in ("true", "1")
+    if flags.get("no_enable_prefix_caching") in (True, "true", "1"):
+        return False
+    return release >= PREFIX_CACHING_DEFAULT_SINCE
+
+
+def state_dims(text: dict[str, Any], kinds: tuple[str, ...]) -> StateDims | None:
+    """The state-layer figures of a config (None when it has no state layer, or not the fields vLLM reads)."""
+
+    def num(key: str) -> int:
+        value = text.get(key)
+        return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+    if GDN in kinds and num("linear_num_value_heads") and num("linear_value_head_dim"):
+        return StateDims(
+            kind=GDN,
+            conv_kernel=num("linear_conv_kernel_dim") or 4,
+            num_k_heads=num("linear_num_key_heads"),
+            num_v_heads=num("linear_num_value_heads"),
+            head_k_dim=num("linear_key_head_dim"),
+            head_v_dim=num("linear_value_head_dim"),
+            ssm_dtype=str(text["mamba_ssm_dtype"]) if isinstance(text.get("mamba_ssm_dtype"), str) else None,
+        )
+    if MAMBA2 in kinds and num("mamba_num_heads") and num("mamba_head_dim") and num("ssm_state_size"):
+        heads, head_dim = num("mamba_num_heads"), num("mamba_head_dim")
+        ssm = text.get("mamba_ssm_cache_dtype")
+        return StateDims(
+            kind=MAMBA2,
+            conv_kernel=num("conv_kernel") or 4,
+            num_v_heads=heads,
+            head_v_dim=head_dim,
+            n_groups=num("n_groups") or 1,
+            state_size=num("ssm_state_size"),
+            intermediate=heads * head_dim,
+            ssm_dtype=str(ssm) if isinstance(ssm, str) else "float32",  # NemotronHForCausalLMConfig's default
+        )
+    return None
+
+
+__all__ = [
+    "CHUNKED",
+    "FULL",
+    "GDN",
+    "KERNEL_BLOCK_ALIGNMENT",
+    "LENGTH_KEYS",
+    "MAMBA2",
+    "MAMBA_BLOCKS_CHECK_SINCE",
+    "PREFIX_CACHING_DEFAULT_SINCE",
+    "SLIDING",
+    "STATE_KINDS",
+    "StateDims",
+    "StateShape",
+    "derived_max_len",
+    "gdn_state_shape",
+    "hybrid_block_size",
+    "layer_kinds",
+    "mamba2_state_shape",
+    "prefix_caching",
+    "state_blocks_per_request",
+    "state_dims",
+    "state_shape",
+]

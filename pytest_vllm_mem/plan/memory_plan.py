@@ -21,7 +21,18 @@ from pytest_vllm_mem.plan import refusals
 from pytest_vllm_mem.plan.batch_defaults import batch_defaults
 from pytest_vllm_mem.plan.errors import PlanError, PlanRefused, PlanUnsupported
 from pytest_vllm_mem.plan.kv_layout import KVLayout, layout
-from pytest_vllm_mem.plan.layers import CHUNKED, FULL, SLIDING
+from pytest_vllm_mem.plan.layers import (
+    CHUNKED,
+    FULL,
+    GDN,
+    MAMBA_BLOCKS_CHECK_SINCE,
+    SLIDING,
+    STATE_KINDS,
+    hybrid_block_size,
+    prefix_caching,
+    state_blocks_per_request,
+    state_shape,
+)
 from pytest_vllm_mem.plan.modelinfo import ModelInfo, ModelInfoError, ceil_div, dtype_bytes
 from pytest_vllm_mem.plan.weights import architecture_weight_bytes
 from pytest_vllm_mem.units import GIB, format_bytes, parse_size
@@ -196,11 +207,20 @@ def _page_bytes(info: ModelInfo, *, tp: int, kv_dtype: float, block: int) -> int
 
 def _check_supported(info: ModelInfo) -> None:
     other = sorted(set(info.kinds) - {FULL, SLIDING, CHUNKED})
-    if other:
+    planned = {GDN} if info.state is not None and info.state.kind == GDN else set()
+    if set(other) - planned:
+        missing = (
+            "a Gated DeltaNet config without the linear_num_value_heads / linear_value_head_dim vLLM sizes its state "
+            "from"
+            if other == [GDN]
+            else "state layers whose shapes and weights the plan does not size (it plans Gated DeltaNet layers: "
+            "Qwen3-Next, Qwen3.5/3.6/3.8; not Mamba/Mamba2 stacks such as Nemotron-H or Jamba, Kimi's KDA, or "
+            "short convolutions)"
+        )
         raise PlanUnsupported(
             f"model {info.name} ({info.architecture}) is a hybrid model (layer types {', '.join(other)} beside "
-            "attention): its state layers (Mamba/linear attention) share the KV pool with their own page size, which "
-            "the plan does not model. Plan an attention-only model, or measure this one with a real startup."
+            f"attention): {missing}. Plan an attention-only or Gated DeltaNet model, or measure this one with a "
+            "real startup."
         )
     if info.quant_method == "gguf" or (info.folder is not None and any(info.folder.glob("*.gguf"))):
         raise PlanUnsupported(
@@ -391,6 +411,47 @@ class _Setup:
     hybrid_manager: bool
     notes: tuple[str, ...]
     version: str | None
+    states: _States | None = None
+
+
+@dataclass(frozen=True)
+class _States:
+    """A hybrid model's state layers as vLLM sizes them (layers.py): one layer's state page before padding,
+    the attention block raised to hold it, and the pages one request takes per state group."""
+
+    page_bytes: int
+    block: int
+    blocks_per_request: int
+    prefix_caching: bool
+
+
+def _states(
+    info: ModelInfo,
+    flags: Mapping[str, Any],
+    *,
+    tp: int,
+    dtype: float,
+    kv_dtype: float,
+    block: int,
+    version: str | None,
+) -> _States | None:
+    if info.state is None or info.is_mla:
+        return None
+    shape = state_shape(
+        info.state,
+        tp=tp,
+        model_dtype_bytes=int(dtype),
+        mamba_cache_dtype=_flag(flags, "mamba_cache_dtype"),
+        mamba_ssm_cache_dtype=_flag(flags, "mamba_ssm_cache_dtype"),
+    )
+    token = _page_bytes(info, tp=tp, kv_dtype=kv_dtype, block=1)
+    caching = prefix_caching(dict(flags), release(version))
+    return _States(
+        page_bytes=shape.page_bytes,
+        block=hybrid_block_size(block=block, attention_token_bytes=token, state_page_bytes=shape.page_bytes),
+        blocks_per_request=state_blocks_per_request(prefix_caching=caching),
+        prefix_caching=caching,
+    )
 
 
 def _explicit_kv(flags: Mapping[str, Any], env: Mapping[str, str], cpu: bool) -> tuple[int | None, list[str]]:
@@ -430,6 +491,7 @@ def _setup(
     refusals.check_max_model_len(info, max_model_len, env)
     _check_supported(info)
     block = _int_flag(flags, "block_size", CPU_BLOCK_SIZE if cpu else (64 if info.is_mla else GPU_BLOCK_SIZE))
+    states = _states(info, flags, tp=tp, dtype=dtype, kv_dtype=kv_dtype, block=block, version=version)
     device = card.device_bytes or card.total_bytes
     limits = batch_defaults(device, card.name, backend=card.backend, vllm_version=version, max_model_len=max_model_len)
     explicit_kv, notes = _explicit_kv(flags, env, cpu)
@@ -441,7 +503,7 @@ def _setup(
         dtype=dtype,
         kv_dtype=kv_dtype,
         max_model_len=max_model_len,
-        block=block,
+        block=states.block if states else block,
         seqs=_int_flag(flags, "max_num_seqs", limits.max_num_seqs),
         batched=_int_flag(flags, "max_num_batched_tokens", limits.max_num_batched_tokens),
         eager=bool(_flag(flags, "enforce_eager", False)),
@@ -451,6 +513,7 @@ def _setup(
         hybrid_manager=not _flag(flags, "disable_hybrid_kv_cache_manager", False),
         notes=tuple(notes),
         version=version,
+        states=states,
     )
 
 
@@ -469,7 +532,7 @@ class _Budget:
 
 
 def _layout(info: ModelInfo, s: _Setup, kinds: tuple[str, ...]) -> KVLayout:
-    attention = tuple(k for k in kinds if k in (FULL, SLIDING, CHUNKED)) or (FULL,)
+    attention = tuple(k for k in kinds if k in (FULL, SLIDING, CHUNKED) or k in STATE_KINDS) or (FULL,)
     return layout(
         attention,
         page_bytes=_page_bytes(info, tp=s.tp, kv_dtype=s.kv_dtype, block=s.block),
@@ -479,6 +542,7 @@ def _layout(info: ModelInfo, s: _Setup, kinds: tuple[str, ...]) -> KVLayout:
         chunk=info.attention_chunk_size,
         in_flight=s.batched,
         hybrid_manager=s.hybrid_manager,
+        state_blocks=s.states.blocks_per_request if s.states else 1,
     )
 
 
@@ -591,6 +655,13 @@ def _verdict(
             f"{what} cannot hold one {s.max_model_len:,}-token sequence (needs {format_bytes(one_request)}); the "
             f"longest context that fits is {b.layout.longest_context(kv, s.block):,} tokens"
         )
+    blocks = b.layout.blocks(kv)
+    if s.states and not s.eager and release(s.version) >= MAMBA_BLOCKS_CHECK_SINCE and s.seqs > blocks:
+        return "kv_cache_insufficient", (
+            f"max_num_seqs ({s.seqs}) exceeds available Mamba cache blocks ({blocks}). Each decode sequence "
+            f"requires one Mamba cache block, so CUDA graph capture cannot proceed (vLLM's check; lower max_num_seqs "
+            f"to at most {blocks}, or --enforce-eager)"
+        )
     if tier_bytes and peak > tier_bytes:
         return "tier_exceeded", f"the predicted peak {format_bytes(peak)} exceeds the {format_bytes(tier_bytes)} tier"
     tokens = b.layout.tokens(kv, s.max_model_len)
@@ -674,6 +745,13 @@ def _notes(info: ModelInfo, s: _Setup, b: _Budget, stages: int) -> list[str]:
         notes.append(
             f"vLLM's hybrid KV allocator: {groups} group(s) of {b.layout.group_size} layers; one request takes "
             f"{b.layout.blocks_per_request:,} of the {b.layout.blocks(b.kv.value):,} blocks"
+        )
+    if s.states:
+        notes.append(
+            f"state layers: {s.states.page_bytes:,} B of state per layer and request, padded to one attention page "
+            f"({b.layout.page_bytes:,} B: the attention block raised to {s.block:,} tokens); "
+            f"{s.states.blocks_per_request} page(s) per request in each state group"
+            + (" (prefix caching: mamba_cache_mode align)" if s.states.prefix_caching else "")
         )
     if stages > 1:
         notes.append(f"pipeline stage {b.stage + 1} of {stages} has the fewest KV blocks; its terms are shown")

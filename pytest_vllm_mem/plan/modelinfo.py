@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_vllm_mem.plan.layers import CHUNKED, FULL, SLIDING, derived_max_len, layer_kinds
+from pytest_vllm_mem.plan.layers import CHUNKED, FULL, SLIDING, StateDims, derived_max_len, layer_kinds, state_dims
 
 # Bytes per element of the safetensors dtypes and of the torch dtype names in config.json / --dtype.
 SAFETENSORS_DTYPE_BYTES = {
@@ -104,6 +104,8 @@ class ModelInfo:
     derived_max_len: int | None = None  # vLLM's limit on max_model_len (layers.derived_max_len)
     derived_max_len_key: str | None = None
     vision_params: int = 0  # a multimodal model's vision tower and projector, loaded with the language model
+    state: StateDims | None = None  # Gated DeltaNet / Mamba2 layers' figures (layers.py), None without them
+    attn_output_gate: bool = False  # Qwen3-Next / Qwen3.5: q_proj also projects a gate (twice the query width)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -329,7 +331,9 @@ def model_info_from_config(
     shared = _int(text, "shared_expert_intermediate_size", default=0) or (
         (_int(text, "n_shared_experts", default=0) or 0) * (_int(text, "moe_intermediate_size", default=0) or 0)
     )
-    if not shared and str(text.get("model_type", "")).startswith("llama4"):
+    model_type = str(text.get("model_type", ""))
+    kinds = layer_kinds(text, layers, window)
+    if not shared and model_type.startswith("llama4"):
         shared = _int(text, "intermediate_size", default=0) or 0  # Llama 4: one shared expert per MoE layer
     return ModelInfo(
         name=name,
@@ -359,11 +363,13 @@ def model_info_from_config(
         quant_group_size=group_size,
         quant_experts_only=experts_only,
         checkpoint=checkpoint,
-        kinds=layer_kinds(text, layers, window),
+        kinds=kinds,
         attention_chunk_size=_int(text, "attention_chunk_size", default=None),
         derived_max_len=limit,
         derived_max_len_key=limit_key,
         vision_params=_vision_params(config, hidden),
+        state=state_dims(text, kinds),
+        attn_output_gate=bool(text.get("attn_output_gate", model_type.startswith(("qwen3_next", "qwen3_5")))),
         raw=config,
     )
 

@@ -37,7 +37,12 @@ KV_CACHE_DTYPES = (
     "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "ultraquant_4bit",
     "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6",
 )  # fmt: skip
-KV_CACHE_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1}
+# nvfp4 packs each head of K and of V as head_size / 2 bytes of fp4 data plus head_size / 16 fp8 block scales
+# (vllm 0.33 utils/torch_utils.py nvfp4_kv_cache_full_dim, FlashInfer's customize_spec): 9/16 of a byte per element
+# for head sizes that are multiples of 16; checked exactly on vllm#57475's log (Qwen3.8-27B, vLLM 0.29.1).
+KV_CACHE_DTYPE_BYTES = {
+    "float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "nvfp4": 0.5625,
+}  # fmt: skip
 
 
 def check_quantization(info: ModelInfo, quantization: str | None) -> None:

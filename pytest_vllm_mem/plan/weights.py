@@ -1,16 +1,18 @@
 """Weights from the architecture alone (config.json), whole or for one pipeline stage.
 
-Per layer: attention (GQA or MLA), the MLP or the experts (with router and shared expert), two norms. Once: the
-input embedding (first stage), the LM head (last stage; tied to the embedding on one GPU, its own copy on the last
-stage when the embedding lives on another), the final norm, and a multimodal model's vision tower (first stage).
-Quantized checkpoints keep their linear layers at the stored bit width plus one 16-bit scale (and a packed zero
-point) per group; mxfp4 (gpt-oss) quantizes only the experts, at 4 bits with one 8-bit scale per 32 weights.
+Per layer: attention (GQA or MLA; a Gated DeltaNet layer's projections where it replaces attention), the MLP or the
+experts (with router and shared expert), two norms. Once: the input embedding (first stage), the LM head (last
+stage; tied to the embedding on one GPU, its own copy on the last stage when the embedding lives on another), the
+final norm, and a multimodal model's vision tower (first stage). Quantized checkpoints keep their linear layers at
+the stored bit width plus one 16-bit scale (and a packed zero point) per group; mxfp4 (gpt-oss) quantizes only the
+experts, at 4 bits with one 8-bit scale per 32 weights.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pytest_vllm_mem.plan.layers import GDN
 from pytest_vllm_mem.plan.modelinfo import ModelInfo, _int
 
 # Model types whose MLP is up/down only (no gate): two matrices per layer instead of three.
@@ -32,11 +34,40 @@ class Parameters:
     vision: int
 
 
+def _gdn_params(info: ModelInfo) -> int:
+    """One Gated DeltaNet layer as vLLM builds it (model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py):
+    in_proj_qkvz (q, k, v and the z gate), in_proj_ba (beta and alpha per value head), the depthwise conv1d over
+    q, k and v, out_proj, A_log and dt_bias per value head, and the gated norm over one value head."""
+    dims, h = info.state, info.hidden_size
+    if dims is None:
+        return 0
+    key_dim, value_dim = dims.num_k_heads * dims.head_k_dim, dims.num_v_heads * dims.head_v_dim
+    conv_dim = 2 * key_dim + value_dim
+    return (
+        h * (conv_dim + value_dim)
+        + h * 2 * dims.num_v_heads
+        + conv_dim * dims.conv_kernel
+        + value_dim * h
+        + 2 * dims.num_v_heads
+        + dims.head_v_dim
+    )
+
+
 def _attention_params(info: ModelInfo) -> int:
+    """Attention (or token mixer) parameters per layer, averaged over the layers when state layers replace some."""
+    states = sum(1 for kind in info.kinds if kind == GDN) if info.state is not None else 0
+    full = _full_attention_params(info)
+    if not states:
+        return full
+    return (states * _gdn_params(info) + (info.num_layers - states) * full) // info.num_layers
+
+
+def _full_attention_params(info: ModelInfo) -> int:
     h = info.hidden_size
     if not info.is_mla:
         q_out, kv_out = info.num_attention_heads * info.head_dim, info.num_kv_heads * info.head_dim
-        return h * q_out + 2 * h * kv_out + q_out * h
+        gate = q_out if info.attn_output_gate else 0  # Qwen3-Next / Qwen3.5: q_proj doubles for the output gate
+        return h * (q_out + gate) + 2 * h * kv_out + q_out * h
     rank, rope = info.kv_lora_rank or 0, info.qk_rope_head_dim or 0
     q_lora = _int(info.raw, "q_lora_rank", default=0) or 0
     nope = _int(info.raw, "qk_nope_head_dim", default=info.head_dim) or info.head_dim
