@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -74,6 +75,11 @@ QUICK_SESSIONS: tuple[tuple[str, dict[str, Any], int], ...] = (
 # servers a confirmation starts after it, all distinct sessions: 16 same-config sessions of 3 loads, nothing else
 # between them (the injected regressions stand for real ones). About 15 minutes on 2 quiet cores.
 LONG_SESSIONS: tuple[tuple[str, dict[str, Any], int], ...] = tuple((f"same-{i}", {}, 3) for i in range(1, 17))
+# A busy runner, made on purpose (--busy): 12 same-config sessions of 3 loads, a CPU-burning process beside every load
+# of sessions 3, 4, 8 and 9 and beside the middle load of sessions 6 and 11 (by index here), the rest quiet. What the
+# plugin records of each load (others_cpu_share) says which ran beside it, without being told.
+BUSY_SESSIONS: tuple[tuple[str, dict[str, Any], int], ...] = tuple((f"same-{i}", {}, 3) for i in range(1, 13))
+BURNED_LOADS = {2: (0, 1, 2), 3: (0, 1, 2), 5: (1,), 7: (0, 1, 2), 8: (0, 1, 2), 10: (1,)}
 REPEATS = (1, 3, 5)
 KEEP_HISTORY = 5  # what the baseline file keeps (baseline_store.KEEP_HISTORY)
 MIN_EARLIER = 2  # baselines replayed: those with this many earlier sessions (noise.MIN_HISTORY)
@@ -86,7 +92,14 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def collect(quick: bool, out: Path, budget_s: float | None = None, long: bool = False) -> dict[str, Any]:
+def _burner() -> subprocess.Popen[bytes]:
+    """A process that keeps one CPU busy: the neighbour of a busy runner (stopped by its pid)."""
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
+def collect(
+    quick: bool, out: Path, budget_s: float | None = None, long: bool = False, busy: bool = False
+) -> dict[str, Any]:
     """Start each session's server once, run its loads, keep everything the plugin's record would hold."""
     from agreement import start_tiny_server
 
@@ -102,7 +115,8 @@ def collect(quick: bool, out: Path, budget_s: float | None = None, long: bool = 
         "sessions": [],
     }
     started = time.monotonic()
-    for name, flags, loads in QUICK_SESSIONS if quick else LONG_SESSIONS if long else SESSIONS:
+    plan = QUICK_SESSIONS if quick else LONG_SESSIONS if long else BUSY_SESSIONS if busy else SESSIONS
+    for index, (name, flags, loads) in enumerate(plan):
         if budget_s is not None and time.monotonic() - started > budget_s:
             print(f"budget of {budget_s:g} s spent: {name} and later sessions not started", flush=True)
             data["skipped"] = [*data.get("skipped", []), name]
@@ -121,13 +135,22 @@ def collect(quick: bool, out: Path, budget_s: float | None = None, long: bool = 
             "loads": [],
         }
         try:
-            for _ in range(loads):
-                result = measured_load(server, LoadSpec(**LOAD))
-                session["loads"].append({**result.to_dict(), "load_average": os.getloadavg()[0]})
+            for number in range(loads):
+                burner = _burner() if busy and number in BURNED_LOADS.get(index, ()) else None
+                try:
+                    result = measured_load(server, LoadSpec(**LOAD))
+                finally:
+                    if burner is not None:
+                        burner.kill()
+                        burner.wait()
+                session["loads"].append(
+                    {**result.to_dict(), "load_average": os.getloadavg()[0], "burner": burner is not None}
+                )
                 cpu = f"{result.cpu_ms_per_token:5.2f}" if result.cpu_ms_per_token is not None else "    -"
                 print(
                     f"{name:>15}  {result.output_throughput:7.1f} tok/s  ttft p50 {result.ttft.p50:6.1f} ms  "
-                    f"tpot p50 {result.tpot.p50:5.2f} ms  cpu {cpu} ms/token",
+                    f"tpot p50 {result.tpot.p50:5.2f} ms  cpu {cpu} ms/token  "
+                    f"others {result.others_cpu_share or 0:4.0%}{'  (burner)' if burner is not None else ''}",
                     flush=True,
                 )
         finally:
@@ -145,13 +168,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="4 short sessions (a smoke test, not figures)")
     parser.add_argument("--json", default=str(ROOT / "results" / "gate_noise.json"), help="where the loads go")
     parser.add_argument("--long", action="store_true", help="16 same-config sessions of 3 loads (fresh-start replay)")
+    parser.add_argument("--busy", action="store_true", help="12 sessions of 3 loads, a CPU burner beside some loads")
     parser.add_argument("--budget-s", type=float, help="start no session after this many seconds (a shared machine)")
     parser.add_argument("--from", dest="source", help="replay the loads saved in this file; start no server")
     args = parser.parse_args()
     data = (
         json.loads(Path(args.source).read_text())
         if args.source
-        else collect(args.quick, Path(args.json), args.budget_s, long=args.long)
+        else collect(args.quick, Path(args.json), args.budget_s, long=args.long, busy=args.busy)
     )
     figures = evaluate_and_print(data)
     if args.source is None or args.json != parser.get_default("json"):
@@ -473,6 +497,8 @@ def evaluate_and_print(data: dict[str, Any]) -> dict[str, Any]:
 
 # ---- issue 25's targets: suite-level control and confirmation, on every saved collection at once ---------------
 
+# The rules replayed: (name, confirmation on fresh servers, a busy runner's loads left out).
+MODES = (("no confirm", False, False), ("confirm", True, False), ("confirm, busy loads left out", True, True))
 SUITE_TESTS = 20
 SUITE_RUNS = 20
 
@@ -525,11 +551,26 @@ def _pooled(sames: list[list[dict[str, Any]]], leave_out: dict[str, Any], repeat
     return priors
 
 
-def cases(sames: list[list[dict[str, Any]]], repeat: int, history: bool) -> list[Case]:
+def _busy(load: dict[str, Any]) -> bool:
+    from pytest_vllm_mem.baseline.metrics import busy_load
+
+    return busy_load(load)
+
+
+def _quiet(loads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The loads the gate judges (TestRecord.quiet): a busy runner's left out where quiet ones exist."""
+    from pytest_vllm_mem.baseline.metrics import busy_load
+
+    return [load for load in loads if not busy_load(load)] or loads
+
+
+def cases(sames: list[list[dict[str, Any]]], repeat: int, history: bool, busy_aware: bool = False) -> list[Case]:
     """Every (baseline, later run) pair of same-config sessions of each collection. history=False: the baseline
     recorded once from one session (a new user's first record); True: refreshed over the sessions before it (up to
     KEEP_HISTORY, at least MIN_EARLIER), as the replay above. Only runs followed by CONFIRM_SESSIONS more sessions
-    (a confirmation's fresh servers) are cases."""
+    (a confirmation's fresh servers) are cases. `busy_aware`: baselines recorded from the quiet loads (Gate.entries),
+    and a confirmation's fresh servers are the later sessions not wholly run beside a busy neighbour (the plugin waits
+    for the runner to quiet down before measuring them)."""
     from pytest_vllm_mem.baseline.noise import CONFIRM_SESSIONS
 
     out = []
@@ -541,13 +582,17 @@ def cases(sames: list[list[dict[str, Any]]], repeat: int, history: bool) -> list
             earlier = [(s, r) for s in same[max(0, i - KEEP_HISTORY) : i] if (r := _run(s, repeat)) is not None]
             if history and len(earlier) < MIN_EARLIER:
                 continue
-            entry = _entry([*(earlier if history else []), (base, base_loads)])
+            recorded = [*(earlier if history else []), (base, base_loads)]
+            entry = _entry([(s, _quiet(r)) for s, r in recorded] if busy_aware else recorded)
             for j in range(i + 1, len(same)):
                 later = same[j]
                 loads = [load for load in later["loads"] if load.get("completed")]
                 if len(loads) < repeat:
                     continue
-                fresh = [r for s in same[j + 1 :] if (r := _run(s, repeat)) is not None][:CONFIRM_SESSIONS]
+                runs = [r for s in same[j + 1 :] if (r := _run(s, repeat)) is not None]
+                if busy_aware:
+                    runs = [r for r in runs if not all(map(_busy, r))]
+                fresh = runs[:CONFIRM_SESSIONS]
                 if len(fresh) < CONFIRM_SESSIONS:
                     continue  # a confirmation here would have had fewer fresh servers than the plugin starts
                 out.append(Case(entry, later, loads[:repeat], fresh, _pooled(sames, later, repeat)))
@@ -562,12 +607,13 @@ def verdict(
     change: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     alpha: float | None = None,
     pooled: bool = False,
+    busy_aware: bool = False,
 ) -> tuple[list[Any], int]:
     """(failing comparisons, fresh servers started) for one test of a suite of `families` tests, through the plugin's
     own pieces: the judge at the suite's share (Gate.plan), compare, gate_failures and the confirmation rule of
     Gate.evaluate (noise.confirm_on_fresh_sessions: a suspect family re-measured on up to CONFIRM_SESSIONS fresh
     servers, here the sessions that came after the run). `pooled`: the judge has the pooled spreads of the suite's
-    other tests (Gate._pool_priors)."""
+    other tests (Gate._pool_priors). `busy_aware`: judged on the quiet loads where there are any (TestRecord.quiet)."""
     from pytest_vllm_mem.baseline.compare import compare, gate_failures
     from pytest_vllm_mem.baseline.metrics import resolve_tolerances
     from pytest_vllm_mem.baseline.noise import DEFAULT_ALPHA, NoiseJudge, SuiteLevel, confirm_on_fresh_sessions
@@ -576,15 +622,17 @@ def verdict(
     judge = NoiseJudge(alpha=level.per_comparison, priors=case.pooled if pooled else {})
     tolerances = resolve_tolerances({}, {}, {})
     touch = change or (lambda load: load)
-    loads = [touch(load) for load in case.now_loads]
+    loads = [{**touch(load), "session": 0} for load in case.now_loads]
 
     def judged(sessions: int) -> list[Any]:
-        return compare(case.entry, _samples(case.now_session, loads), tolerances, judge=judge, now_sessions=sessions)
+        kept = _quiet(loads) if busy_aware else loads
+        count = len({load["session"] for load in kept})
+        return compare(case.entry, _samples(case.now_session, kept), tolerances, judge=judge, now_sessions=count)
 
     def rerun(sessions: int) -> list[Any] | None:
         if sessions - 2 >= len(case.fresh):
             return None
-        loads.extend(touch(load) for load in case.fresh[sessions - 2])
+        loads.extend({**touch(load), "session": sessions - 1} for load in case.fresh[sessions - 2])
         return judged(sessions)
 
     comparisons = judged(1)
@@ -605,17 +653,17 @@ def targets(collections: list[dict[str, Any]], seed: int = 25) -> dict[str, Any]
     out: dict[str, Any] = {}
     sames = [[s for s in data["sessions"] if s["name"].startswith(SAME)] for data in collections]
     for repeat, history in ((1, False), (1, True), (3, True)):
-        pool = cases(sames, repeat, history)
-        if not pool:
-            continue
         key = f"repeat={repeat}, {'history' if history else 'baseline recorded once'}"
-        row: dict[str, Any] = {"cases": len(pool)}
-        for confirm in (False, True):
-            tag = "confirm" if confirm else "no confirm"
-            one = [verdict(c, 1, confirm=confirm) for c in pool]
+        row: dict[str, Any] = {}
+        for tag, confirm, busy_aware in MODES:
+            pool = cases(sames, repeat, history, busy_aware=busy_aware)
+            row[f"{tag}: cases"] = len(pool)
+            if not pool:
+                continue
+            one = [verdict(c, 1, confirm=confirm, busy_aware=busy_aware) for c in pool]
             row[f"one-test suite, {tag}: failed"] = sum(bool(f) for f, _ in one)
             row[f"one-test suite, {tag}: fresh servers started"] = sum(ran for _, ran in one)
-            suite = [verdict(c, SUITE_TESTS, confirm=confirm, pooled=True) for c in pool]
+            suite = [verdict(c, SUITE_TESTS, confirm=confirm, pooled=True, busy_aware=busy_aware) for c in pool]
             failed_tests = [bool(f) for f, _ in suite]
             p = sum(failed_tests) / len(failed_tests)
             runs = [any(rng.choice(failed_tests) for _ in range(SUITE_TESTS)) for _ in range(SUITE_RUNS)]
@@ -634,6 +682,7 @@ def targets(collections: list[dict[str, Any]], seed: int = 25) -> dict[str, Any]
                         SUITE_TESTS,
                         confirm=confirm,
                         pooled=True,
+                        busy_aware=busy_aware,
                         change=lambda load, d=drop, mw=more_work: slower(load, d, mw),  # type: ignore[misc]
                     )
                     for case in pool

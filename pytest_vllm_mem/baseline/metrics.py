@@ -314,6 +314,18 @@ METRICS: dict[str, Metric] = {
 GATED: tuple[str, ...] = tuple(name for name, metric in METRICS.items() if metric.gated)
 
 
+# A load during which other processes took more than this share of the host's CPU (LoadResult.others_cpu_share) ran
+# on a busy runner: on the 2-core CI runner such loads read 20-45% lower throughput and 40-50% more CPU per token
+# (memory/host_cpu.py). A quiet runner's own background (kernel, the plugin's watchdog) stays under 5%.
+BUSY_SHARE = 0.15
+
+
+def busy_load(load: Mapping[str, Any]) -> bool:
+    """True when the load ran while other processes took more than BUSY_SHARE of the host's CPU."""
+    share = load.get("others_cpu_share")
+    return isinstance(share, (int, float)) and share > BUSY_SHARE
+
+
 def record_samples(record: Measured) -> dict[str, list[float]]:
     """Every catalogue metric measured in `record`, with its samples (catalogue order)."""
     samples = {name: metric.read(record) for name, metric in METRICS.items()}

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from pytest_vllm_mem.baseline.metrics import record_samples
+from pytest_vllm_mem.baseline.metrics import busy_load, record_samples
 from pytest_vllm_mem.kinds import FailureKind
 
 if TYPE_CHECKING:
@@ -124,6 +124,20 @@ class TestRecord:
     def metric_samples(self) -> dict[str, list[float]]:
         """Every figure's samples: one per completed load, or one per server; the spread a baseline stores."""
         return record_samples(self)
+
+    def quiet(self) -> tuple[TestRecord, int]:
+        """This record as the gate judges it, and how many loads it left out: the loads a busy runner ran
+        (metrics.busy_load) are dropped when quiet ones exist; with none quiet, every load stays."""
+        quiet = [load for load in self.loads if not busy_load(load)]
+        if not quiet or len(quiet) == len(self.loads):
+            return self, 0
+        return dataclasses.replace(self, loads=quiet), len(self.loads) - len(quiet)
+
+    @property
+    def sessions(self) -> int:
+        """The servers this record's loads ran on: 1, more after the gate's confirmation on fresh servers (each load
+        carries its server's number as `session`)."""
+        return len({load.get("session", 0) for load in self.loads}) or 1
 
     @property
     def upgraded_from(self) -> str | None:

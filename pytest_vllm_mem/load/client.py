@@ -198,6 +198,9 @@ class LoadResult:
     advice: list[str] = field(default_factory=list)  # next steps for that failure
     # CPU backend only: the CPU seconds the server's processes spent during the load (None: not measured).
     server_cpu_s: float | None = None
+    # The share of the host's CPU that other processes used during the load (memory/host_cpu.py; None: unknown):
+    # above metrics.BUSY_SHARE the load ran on a busy runner and the gate leaves it out where quiet loads exist.
+    others_cpu_share: float | None = None
     # The raw per-request latencies behind ttft..e2el, whole microseconds (baseline/summary.py LATENCIES), so that
     # percentiles over several loads or CI shards are recomputed from requests, never averaged.
     samples_us: dict[str, list[int]] = field(default_factory=dict)
@@ -254,6 +257,7 @@ class LoadResult:
             "advice": list(self.advice),
             "server_cpu_s": self.server_cpu_s,
             "cpu_ms_per_token": self.cpu_ms_per_token,
+            "others_cpu_share": self.others_cpu_share,
             SAMPLES_KEY: {name: list(values) for name, values in self.samples_us.items()},
         }
 

@@ -3,13 +3,17 @@ out of memory during it. Used by the vllm_load fixture and by the tuner."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
+from pytest_vllm_mem.baseline.metrics import BUSY_SHARE
 from pytest_vllm_mem.diagnosis.advice import advise, render_steps
 from pytest_vllm_mem.diagnosis.diagnose import Diagnosis, classify_failure, find_memory_error
 from pytest_vllm_mem.launch.launcher import RunningServer
 from pytest_vllm_mem.launch.ray_cluster import NodeLostError  # Ray itself is imported only by a cluster's launcher
 from pytest_vllm_mem.launch.server import Server, VLLMServer
 from pytest_vllm_mem.load.client import LoadResult, LoadSpec, planned_load_result, run_load
-from pytest_vllm_mem.memory import cpu_seconds_between, tree_cpu_times
+from pytest_vllm_mem.memory import cpu_seconds_between, others_share, read_host_cpu
 
 
 def measure_load(server: RunningServer, spec: LoadSpec) -> LoadResult:
@@ -34,13 +38,16 @@ def measured_load(server: VLLMServer, spec: LoadSpec) -> LoadResult:
     started = sampler.mark(f"load {server.loads_run}")
     # The CPU backend's device is the CPU: its work per token is read from the server's CPU time. (On a GPU the host
     # CPU time holds the CUDA synchronisation spin and says little about the device's work: not measured there.)
-    cpu_before = tree_cpu_times(server.pid) if server.device.backend == "cpu" else {}
+    # The host's CPU around the load: how much of it other processes took (a busy runner), on any backend.
+    host_before = read_host_cpu(server.pid)
     # A fresh seed per load on this server: repeated prompts would hit vLLM's prefix cache and flatter TTFT.
     result = run_load(
         server.url, server.model_name, spec, seed=server.loads_run, should_abort=lambda: not server.alive()
     )
-    if cpu_before:
-        result.server_cpu_s = cpu_seconds_between(cpu_before, tree_cpu_times(server.pid))
+    host_after = read_host_cpu(server.pid)
+    result.others_cpu_share = others_share(host_before, host_after)
+    if server.device.backend == "cpu" and host_before.server:
+        result.server_cpu_s = cpu_seconds_between(host_before.server, host_after.server)
     sampler.sample_now()
     sampler.mark("load end")
     result.peak_memory_bytes = sampler.peak_between(started)
@@ -67,6 +74,41 @@ def measured_load(server: VLLMServer, spec: LoadSpec) -> LoadResult:
         result.failure = failure
         result.advice = advise(failure, server.launched, server.memory, peak_bytes=result.peak_memory_bytes)
     return result
+
+
+# Before a confirmation session (the gate's fresh servers): how long to wait for a busy runner to quiet down, and the
+# window each look measures the other processes' share of the CPU over.
+QUIET_WAIT_S = 60.0
+QUIET_WINDOW_S = 2.0
+
+
+def wait_for_quiet_host(
+    server_pid: int, timeout_s: float = QUIET_WAIT_S, look: Callable[[], float | None] | None = None
+) -> str | None:
+    """Wait, at most `timeout_s`, until processes other than this one and the server's tree take no more than
+    BUSY_SHARE of the host's CPU over a window of QUIET_WINDOW_S (`look`: one such reading). None when the host was
+    quiet at the first look; otherwise the record's note on the wait (how long, or that the runner stayed busy and
+    the loads ran anyway)."""
+
+    def window() -> float | None:
+        before = read_host_cpu(server_pid)
+        time.sleep(QUIET_WINDOW_S)
+        return others_share(before, read_host_cpu(server_pid))
+
+    started = time.monotonic()
+    looks = 0
+    while True:
+        share = (look or window)()
+        looks += 1
+        if share is None or share <= BUSY_SHARE:
+            return (
+                None if looks == 1 else f"busy runner: waited {time.monotonic() - started:.0f} s for it to quiet down"
+            )
+        if time.monotonic() - started >= timeout_s:
+            return (
+                f"busy runner: other processes still took {share:.0%} of its CPU after {timeout_s:.0f} s; "
+                "the confirmation measured anyway"
+            )
 
 
 def load_failure_message(server: Server, result: LoadResult) -> str:

@@ -6,8 +6,8 @@ background thread. `detect_devices()` resolves CUDA_VISIBLE_DEVICES as vLLM does
 `make_probe()` builds the matching probe, so callers never branch on the backend themselves.
 
 Modules, one concern each: `device` (records, the probe protocol, errors), `process_tree`, `nvml` (every NVML call),
-`gpu` (NvmlProbe), `cpu` (NUMA node memory, ProcessTreeProbe), `backend` (choice, devices per server, waiting),
-`sampler`.
+`gpu` (NvmlProbe), `cpu` (NUMA node memory, ProcessTreeProbe), `host_cpu` (how busy the rest of the host was),
+`backend` (choice, devices per server, waiting), `sampler`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pytest_vllm_mem.memory.backend import (
 from pytest_vllm_mem.memory.cpu import ProcessTreeProbe, cpu_device, cpu_memory_node, cpu_model_name, cpu_node_memory
 from pytest_vllm_mem.memory.device import DeviceError, DeviceInfo, MemoryProbe, ProbeReadError
 from pytest_vllm_mem.memory.gpu import NvmlProbe
+from pytest_vllm_mem.memory.host_cpu import HostCpuReading, others_share, read_host_cpu
 from pytest_vllm_mem.memory.nvml import NvmlError, NvmlUnavailable, device_count
 from pytest_vllm_mem.memory.process_tree import cpu_seconds_between, process_tree, tree_cpu_times
 from pytest_vllm_mem.memory.sampler import MemorySampler
@@ -30,6 +31,7 @@ from pytest_vllm_mem.memory.sampler import MemorySampler
 __all__ = [
     "DeviceError",
     "DeviceInfo",
+    "HostCpuReading",
     "MemoryProbe",
     "MemorySampler",
     "NvmlError",
@@ -47,7 +49,9 @@ __all__ = [
     "device_count",
     "gpus_used",
     "make_probe",
+    "others_share",
     "process_tree",
+    "read_host_cpu",
     "server_devices",
     "tree_cpu_times",
     "wait_for_free_memory",

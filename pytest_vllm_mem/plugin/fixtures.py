@@ -12,10 +12,10 @@ from pytest_vllm_mem.baseline.results import NodeRecord, TestRecord, failure_dic
 from pytest_vllm_mem.config import VLLMConfig
 from pytest_vllm_mem.launch.launcher import RunningServer, is_running
 from pytest_vllm_mem.launch.ray_cluster import ClusterError
-from pytest_vllm_mem.launch.server import Server, VLLMStartupError
+from pytest_vllm_mem.launch.server import Server, VLLMServer, VLLMStartupError
 from pytest_vllm_mem.launch.standins import FailedServer, PlannedServer
 from pytest_vllm_mem.load.client import LoadResult, LoadSpec, planned_load_result
-from pytest_vllm_mem.load.measure import load_failure_message, measure_load
+from pytest_vllm_mem.load.measure import load_failure_message, measure_load, wait_for_quiet_host
 from pytest_vllm_mem.plan.preflight import Unplannable, plan_record
 from pytest_vllm_mem.plugin.state import SessionState, state_key
 from pytest_vllm_mem.plugin.terminal import Renderer, pytest_renderer
@@ -228,7 +228,7 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: Server) -> Callable[.
                 result = measure_load(server, spec)  # next to the server, on its node for a cluster's
             if observer is not None:
                 send(observer, result.ended_event(observer.test_id, server.loads_run))
-            record.loads.append(result.to_dict())
+            record.loads.append({**result.to_dict(), "session": len(served) - 1})  # the server it ran on
             if result.failure is not None:
                 record.failure = failure_dict(result.failure, result.advice, server.log_path)
                 raise LoadFailed(load_failure_message(server, result))
@@ -248,6 +248,10 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: Server) -> Callable[.
             except VLLMStartupError as error:
                 record.notes.append(f"a fresh server for the gate's confirmation did not start: {error.kind}")
                 return False
+            # Measured when the neighbours are quiet, if they get so (this machine's: a cluster node's are not seen).
+            waited = wait_for_quiet_host(served[-1].pid) if isinstance(served[-1], VLLMServer) else None
+            if waited is not None:
+                record.notes.append(waited)
             for _ in range(repeat):
                 one_run()
             return True

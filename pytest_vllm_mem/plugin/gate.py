@@ -30,9 +30,11 @@ from pytest_vllm_mem.baseline.compare import (
     tolerance_judge,
 )
 from pytest_vllm_mem.baseline.metrics import (
+    BUSY_SHARE,
     METRICS,
     Tolerance,
     ToleranceError,
+    busy_load,
     parse_tolerance_mapping,
     parse_tolerance_spec,
     resolve_tolerances,
@@ -195,7 +197,8 @@ class Gate:
         over_tier = self._over_tier(record, tier_is_auto, server)
         if over_tier:
             problems.append(over_tier)
-        samples = record.metric_samples()
+        judged, left_out = record.quiet()  # loads a busy runner ran are left out where quiet ones exist
+        samples = judged.metric_samples()
         if not samples:
             return "\n\n".join(problems) or None
         tolerances = resolve_tolerances(self.cli, self.ini, marker)
@@ -207,7 +210,9 @@ class Gate:
             raise UsageError(str(error)) from None
         entry = match.entry if match is not None else None
         self._pool_priors()
-        comparisons = compare(entry, samples, tolerances, judge=self.judge)
+        comparisons = compare(entry, samples, tolerances, judge=self.judge, now_sessions=judged.sessions)
+        if left_out:
+            record.notes.append(busy_note(left_out, record))
         record.comparisons = [c.to_dict() for c in comparisons]
         record.baseline = match.to_dict() if match is not None else None
         if settings.vllm_update_baseline:
@@ -232,6 +237,12 @@ class Gate:
         if failures:
             if less_free:
                 problems.append(less_free)
+            busy = sum(map(busy_load, judged.loads))
+            if busy and not left_out:  # no quiet load to judge instead: say so beside the verdict
+                problems.append(
+                    f"the runner was busy during {busy} of the {len(judged.loads)} loads judged (other processes "
+                    f"took over {BUSY_SHARE:.0%} of its CPU): a slower run here may be the runner, not the server"
+                )
             problems.append(
                 format_gate_failure(
                     record.test_id,
@@ -281,7 +292,8 @@ class Gate:
         def rerun(sessions: int) -> list[Comparison] | None:
             if not remeasure():
                 return None
-            return compare(entry, record.metric_samples(), tolerances, judge=self.judge, now_sessions=sessions)
+            judged, _ = record.quiet()  # a busy first session gives way to the quiet fresh ones
+            return compare(entry, judged.metric_samples(), tolerances, judge=self.judge, now_sessions=judged.sessions)
 
         comparisons, sessions = confirm_on_fresh_sessions(comparisons, rerun, self.settings.vllm_confirm_sessions)
         record.comparisons = [c.to_dict() for c in comparisons]
@@ -301,7 +313,7 @@ class Gate:
         commit = git_commit(rootdir)
         entries = []
         for record in records:
-            samples = record.metric_samples()
+            samples = record.quiet()[0].metric_samples()  # a busy runner's loads are not recorded where quiet exist
             if record.baseline_status != "updated" or not record.passed or not samples:
                 continue
             entries.append(
@@ -317,6 +329,15 @@ class Gate:
         self.store.update(entries)
         self.steps = history_steps(self.store.written)
         return len(entries)
+
+
+def busy_note(left_out: int, record: TestRecord) -> str:
+    """The record's note on loads left out of its verdicts because other processes took the runner's CPU."""
+    shares = [load["others_cpu_share"] for load in record.loads if busy_load(load)]
+    return (
+        f"busy runner: {left_out} of {len(record.loads)} loads left out of the verdicts (other processes took "
+        f"{min(shares):.0%}-{max(shares):.0%} of the CPU during them, over {BUSY_SHARE:.0%})"
+    )
 
 
 def history_steps(entries: Iterable[BaselineEntry]) -> list[str]:

@@ -392,7 +392,7 @@ def test_a_near_limit_regression_is_measured_again_on_fresh_servers_and_cleared(
 
     def remeasure() -> bool:
         calls.append(1)
-        record.loads.append(load(1000.0))  # a fresh server's session of the same load
+        record.loads.append({**load(1000.0), "session": len(calls)})  # a fresh server's session of the same load
         return True
 
     assert evaluate_record(state, record, {}, None, remeasure) is None
@@ -413,7 +413,7 @@ def test_a_confirmed_regression_fails_on_every_session_it_was_measured_in(baseli
 
     def remeasure() -> bool:
         calls.append(1)
-        record.loads.append(load(660.0))
+        record.loads.append({**load(660.0), "session": len(calls)})
         return True
 
     failure = evaluate_record(state, record, {}, None, remeasure)
@@ -438,7 +438,7 @@ def test_a_pass_worse_than_its_baseline_at_the_suspect_level_is_confirmed_and_ca
 
     def remeasure() -> bool:
         calls.append(1)
-        record.loads.append(load(655.0))
+        record.loads.append({**load(655.0), "session": len(calls)})
         return True
 
     failure = evaluate_record(state, record, {}, None, remeasure)
@@ -512,3 +512,37 @@ def test_the_gate_pools_the_session_spread_of_the_files_tests_with_history(basel
     prior = state.gate.judge.priors["output_throughput"]
     assert prior.pooled and prior.dof == 9 and 0.03 < prior.sd < 0.07
     assert "ttft_p50" not in state.gate.judge.priors  # no history of it in the file
+
+
+# ---- a busy runner's loads (issue 25: healthy runs failed when neighbours took the cores) ---------------------------
+
+
+def busy(value: dict[str, Any], share: float) -> dict[str, Any]:
+    return {**value, "others_cpu_share": share}
+
+
+def test_loads_a_busy_runner_ran_are_left_out_where_quiet_ones_exist(baseline: Path) -> None:
+    write_baseline(baseline, make_record(load(1000.0), load(1010.0), load(990.0)))
+    state = noise_state(baseline)
+    record = make_record(load(1000.0), busy(load(450.0), 0.40), load(1005.0))
+    assert record.quiet()[1] == 1 and [x["output_throughput"] for x in record.quiet()[0].loads] == [1000.0, 1005.0]
+    assert evaluate_record(state, record, {}, None, None) is None
+    (note,) = [n for n in record.notes if n.startswith("busy runner:")]
+    assert "1 of 3 loads left out" in note and "40%-40%" in note
+    assert len(record.loads) == 3  # the record keeps every load; only the verdicts leave it out
+
+
+def test_with_no_quiet_load_every_load_is_judged_and_the_failure_says_the_runner_was_busy(baseline: Path) -> None:
+    write_baseline(baseline, make_record(load(1000.0), load(1010.0), load(990.0)))
+    state = noise_state(baseline)
+    record = make_record(busy(load(100.0), 0.55))
+    assert record.quiet() == (record, 0)
+    failure = evaluate_record(state, record, {}, None, None)
+    assert failure is not None and "the runner was busy during 1 of the 1 loads judged" in failure
+
+
+def test_a_quiet_share_or_an_unmeasured_one_is_not_busy() -> None:
+    from pytest_vllm_mem.baseline.metrics import BUSY_SHARE, busy_load
+
+    assert not busy_load(load()) and not busy_load(busy(load(), BUSY_SHARE)) and busy_load(busy(load(), 0.2))
+    assert not busy_load({**load(), "others_cpu_share": None})
