@@ -38,7 +38,15 @@ LATEST_COLLECTION = "issue24-second-2026-12-02"
 # The hybrid (Gated DeltaNet) KV rules were written after that collection, and checked on its fit-split rows: those
 # rows are in-sample for the rules from then on; its held-out rows stay out of sample (planned once, at the end).
 HYBRID_RULES_CHECKED_ON = LATEST_COLLECTION
-HYBRID_MODELS = ("Qwen/Qwen3.6-27B", "Qwen/Qwen3.8-27B")
+# The hybrid models and the per-checkpoint entries their rows were re-pointed to (the served checkpoints, re-read from
+# the rows' sources after the run; the hybrid rules were checked on the same rows, so they stay in-sample).
+HYBRID_MODELS = (
+    "Qwen/Qwen3.6-27B",
+    "Qwen/Qwen3.8-27B",
+    "Qwen/Qwen3.8-27B-FP8",
+    "Inferact/Qwen3.8-27B-NVFP4",
+    "Lorbus/Qwen3.6-27B-int4-AutoRound",
+)
 
 # (id, flags, env). Utilizations are of this machine's NUMA node (no tier: vLLM sizes from the node itself).
 CPU_CASES: list[tuple[str, dict[str, Any], dict[str, str]]] = [

@@ -98,6 +98,12 @@ class ModelInfo:
     quant_bits: int | None = None
     quant_group_size: int | None = None
     quant_experts_only: bool = False  # mxfp4 (gpt-oss) quantizes the experts, attention and router stay 16-bit
+    # Bytes of scale (and zero point) stored per group of quant_group_size weights, where vLLM's own layout is known
+    # (None: the generic 16-bit scale plus packed zero point per group).
+    quant_scale_bytes: float | None = None
+    # Modules the checkpoint leaves unquantized (modules_to_not_convert / ignore / exclude_modules, or AutoRound
+    # extra_config entries of 16 bits): vLLM's is_layer_skipped keeps them in the model dtype.
+    quant_skipped: tuple[str, ...] = ()
     checkpoint: CheckpointBytes | None = None
     kinds: tuple[str, ...] = ()  # one per layer: full, sliding, chunked, or a state layer's type (layers.py)
     attention_chunk_size: int | None = None
@@ -244,29 +250,97 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any]:
 _QUANT_BITS = {"mxfp4": 4, "gpt_oss_mxfp4": 4, "modelopt_fp4": 4, "nvfp4": 4, "awq": 4}
 
 
-def _quantization(config: dict[str, Any]) -> tuple[str | None, int | None, int | None, bool]:
-    """(method, weight bits, group size, experts only) of a pre-quantized checkpoint's quantization_config."""
+@dataclass(frozen=True)
+class _Quantization:
+    method: str | None = None
+    bits: int | None = None
+    group_size: int | None = None
+    experts_only: bool = False
+    scale_bytes: float | None = None
+    skipped: tuple[str, ...] = ()
+
+
+def _skipped_modules(quant: dict[str, Any]) -> tuple[str, ...]:
+    """The module names or patterns a quantization_config leaves unquantized: modules_to_not_convert (Qwen's FP8,
+    AWQ), ignore (compressed-tensors, ModelOpt's newer export), exclude_modules (ModelOpt, also nested under
+    "quantization" as hf_quant_config.json has it), and AutoRound's extra_config entries kept at 16 bits or more."""
+    names: list[str] = []
+    nested_value = quant.get("quantization")
+    nested: dict[str, Any] = nested_value if isinstance(nested_value, dict) else {}
+    for source in (quant, nested):
+        for key in ("modules_to_not_convert", "ignore", "exclude_modules", "ignored_layers"):
+            value = source.get(key)
+            if isinstance(value, str):
+                names.append(value)
+            elif isinstance(value, list):
+                names.extend(str(v) for v in value)
+    extra = quant.get("extra_config")
+    if isinstance(extra, dict):
+        for name, layer in extra.items():
+            if isinstance(layer, dict) and isinstance(layer.get("bits"), int) and layer["bits"] >= 16:
+                names.append(f"re:{name}" if not str(name).startswith("re:") else str(name))
+    return tuple(dict.fromkeys(names))
+
+
+def _compressed_tensors_scales(weights: dict[str, Any], bits: int) -> tuple[int | None, float]:
+    """(group size, scale bytes per group) of a compressed-tensors weight scheme as vLLM allocates it (0.24-0.33
+    compressed_tensors/schemes): per channel or tensor, one float32 scale per row (negligible); per group, one
+    scale in the model dtype (wNa16) or in fp8 (nvfp4, type float at 4 bits) per group, plus a packed zero point
+    only when the scheme is not symmetric (symmetric is compressed-tensors' default)."""
+    group = weights.get("group_size")
+    strategy = str(weights.get("strategy") or ("group" if group else "channel")).lower()
+    if not isinstance(group, int) or group <= 0 or strategy not in ("group", "tensor_group"):
+        return None, 0.0
+    if str(weights.get("type", "int")).lower() == "float" and bits == 4:
+        return group, 1.0
+    zero = 0.0 if weights.get("symmetric", True) else bits / 8
+    return group, 2.0 + zero
+
+
+def _quantization(config: dict[str, Any]) -> _Quantization:
+    """Method, weight bits, group size and the per-group scale bytes of a pre-quantized checkpoint's
+    quantization_config, as vLLM's linear methods allocate them (vllm 0.24-0.33, model_executor/layers/quantization):
+    fp8 with weight_block_size [n, k]: one float32 scale per n x k block (fp8.py, create_fp8_scale_parameter); fp8
+    per tensor or channel: one byte each (a scale per tensor or row); ModelOpt NVFP4: 4-bit weights packed two to a
+    byte and one fp8 scale per 16 (modelopt.py ModelOptNvFp4LinearMethod); ModelOpt FP8: one byte each."""
     quant = config.get("quantization_config") or config.get("compression_config")
     if not isinstance(quant, dict):
-        return None, None, None, False
+        return _Quantization()
     method = str(quant.get("quant_method") or quant.get("format") or "unknown").lower()
     bits = _int(quant, "bits", "w_bit", "weight_bits", "num_bits")
+    group_size = _int(quant, "group_size", "q_group_size")
+    scale_bytes: float | None = None
+    nested_value = quant.get("quantization")
+    nested: dict[str, Any] = nested_value if isinstance(nested_value, dict) else {}
+    algo = str(quant.get("quant_algo") or nested.get("quant_algo") or "").upper()
+    if method == "modelopt" and ("NVFP4" in algo or "FP4" in algo):
+        bits, scale_bytes = 4, 1.0  # uint8 pairs of e2m1, one float8_e4m3 scale per group (16 by default)
+        group_size = group_size or _int(nested, "group_size") or 16
+    elif method == "modelopt" and algo == "FP8":
+        bits, group_size, scale_bytes = 8, None, 0.0
     if bits is None and "fp8" in method:
         bits = 8
-    if bits is None:
-        groups = quant.get("config_groups")
-        if isinstance(groups, dict):
-            for group in groups.values():
-                weights = group.get("weights") if isinstance(group, dict) else None
-                if isinstance(weights, dict) and isinstance(weights.get("num_bits"), int):
-                    bits = int(weights["num_bits"])
-                    break
+    if method == "fp8":
+        block = quant.get("weight_block_size")
+        if isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block):
+            group_size, scale_bytes = block[0] * block[1], 4.0  # float32 weight_scale_inv per block
+        else:
+            group_size, scale_bytes = None, 0.0  # per-tensor scale
+    groups = quant.get("config_groups")
+    if isinstance(groups, dict):
+        for group in groups.values():
+            weights = group.get("weights") if isinstance(group, dict) else None
+            if isinstance(weights, dict) and isinstance(weights.get("num_bits"), int):
+                bits = int(weights["num_bits"]) if bits is None else bits
+                if method == "compressed-tensors":
+                    group_size, scale_bytes = _compressed_tensors_scales(weights, bits)
+                break
     bits = bits if bits is not None else _QUANT_BITS.get(method)
-    group_size = _int(quant, "group_size", "q_group_size")
     if method in ("mxfp4", "gpt_oss_mxfp4"):
         group_size = 32  # one e8m0 scale per 32 weights (OCP microscaling)
-    skipped = " ".join(str(m) for m in quant.get("modules_to_not_convert") or [])
-    return method, bits, group_size, "self_attn" in skipped
+    skipped = _skipped_modules(quant)
+    experts_only = "self_attn" in " ".join(str(m) for m in quant.get("modules_to_not_convert") or [])
+    return _Quantization(method, bits, group_size, experts_only, scale_bytes, skipped)
 
 
 def _with_defaults_if_incomplete(config: dict[str, Any], name: str) -> dict[str, Any]:
@@ -324,7 +398,7 @@ def model_info_from_config(
     layers = _int(text, "num_hidden_layers", "n_layer", "num_layers") or 0
     hidden = _int(text, "hidden_size", "n_embd", "d_model") or 0
     heads = _int(text, "num_attention_heads", "n_head") or 0
-    method, bits, group_size, experts_only = _quantization(config)
+    quant = _quantization(config)
     window = None if text.get("use_sliding_window") is False else _int(text, "sliding_window", default=None)
     layer_types = text.get("layer_types")
     limit, limit_key = derived_max_len(text)
@@ -358,10 +432,12 @@ def model_info_from_config(
         experts_per_token=_int(text, "num_experts_per_tok", default=0) or 0,
         moe_intermediate_size=_int(text, "moe_intermediate_size", default=None),
         shared_expert_intermediate_size=shared,
-        quant_method=method,
-        quant_bits=bits,
-        quant_group_size=group_size,
-        quant_experts_only=experts_only,
+        quant_method=quant.method,
+        quant_bits=quant.bits,
+        quant_group_size=quant.group_size,
+        quant_experts_only=quant.experts_only,
+        quant_scale_bytes=quant.scale_bytes,
+        quant_skipped=quant.skipped,
         checkpoint=checkpoint,
         kinds=kinds,
         attention_chunk_size=_int(text, "attention_chunk_size", default=None),

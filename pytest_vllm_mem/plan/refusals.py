@@ -45,9 +45,20 @@ KV_CACHE_DTYPE_BYTES = {
 }  # fmt: skip
 
 
+# Checkpoint formats whose method vLLM resolves from the checkpoint alone, replacing whatever --quantization says:
+# ModelConfig._verify_quantization sets `self.quantization = quantization_override`, and these overrides ignore the
+# user's value (vllm 0.22-0.33 config/model.py; inc/inc.py INCConfig.override_quantization_method maps an
+# "auto-round" checkpoint to "inc"; modelopt.py maps ModelOpt FP8 / NVFP4 / MXFP8 / mixed checkpoints to modelopt,
+# modelopt_fp4, modelopt_mxfp8, modelopt_mixed). So `--quantization auto_round` (a name no release lists) starts an
+# AutoRound checkpoint; on any other checkpoint vLLM refuses it as unknown.
+FLAG_OVERRIDDEN_BY_CHECKPOINT = {"auto-round": "inc", "modelopt": "modelopt"}
+
+
 def check_quantization(info: ModelInfo, quantization: str | None) -> None:
     known = QUANTIZATION_METHODS + EARLIER_QUANTIZATION_METHODS
     checkpoint = info.quant_method
+    if checkpoint in FLAG_OVERRIDDEN_BY_CHECKPOINT and (checkpoint != "modelopt" or info.quant_bits):
+        return  # vLLM replaces the flag with the checkpoint's own method before checking it
     if quantization and quantization not in known:
         raise PlanRefused(
             f"Unknown quantization method: {quantization}. Must be one of {list(QUANTIZATION_METHODS)}.",
@@ -115,6 +126,7 @@ def check_max_model_len(info: ModelInfo, max_model_len: int, env: Mapping[str, s
 
 
 __all__ = [
+    "FLAG_OVERRIDDEN_BY_CHECKPOINT",
     "KV_CACHE_DTYPES",
     "QUANTIZATION_METHODS",
     "check_max_model_len",

@@ -4,12 +4,17 @@ Per layer: attention (GQA or MLA; a Gated DeltaNet layer's projections where it 
 experts (with router and shared expert), two norms. Once: the input embedding (first stage), the LM head (last
 stage; tied to the embedding on one GPU, its own copy on the last stage when the embedding lives on another), the
 final norm, and a multimodal model's vision tower (first stage). Quantized checkpoints keep their linear layers at
-the stored bit width plus one 16-bit scale (and a packed zero point) per group; mxfp4 (gpt-oss) quantizes only the
-experts, at 4 bits with one 8-bit scale per 32 weights.
+the stored bit width plus the scales vLLM allocates for the method (modelinfo._quantization: block FP8 one float32
+per 128x128 block, FP8 and int8 per tensor or channel none to speak of, ModelOpt NVFP4 one fp8 per 16, compressed-
+tensors groups one 16-bit scale per group; otherwise one 16-bit scale and a packed zero point per group); the modules
+the checkpoint's skip list names stay at the model dtype; mxfp4 (gpt-oss) quantizes only the experts, at 4 bits with
+one 8-bit scale per 32 weights.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import re
 from dataclasses import dataclass
 
 from pytest_vllm_mem.plan.layers import GDN
@@ -116,8 +121,73 @@ def _bytes_per_quantized_weight(info: ModelInfo) -> float:
     bits = info.quant_bits or 16
     if info.quant_method in ("mxfp4", "gpt_oss_mxfp4"):
         return bits / 8 + 1 / 32
+    if info.quant_scale_bytes is not None:  # vLLM's own layout for the method (modelinfo._quantization)
+        group = info.quant_group_size
+        return bits / 8 + (info.quant_scale_bytes / group if group and group > 0 else 0.0)
     group = info.quant_group_size if info.quant_group_size and info.quant_group_size > 0 else 128
     return bits / 8 + (2 + bits / 8) / group
+
+
+def _matches(name: str, pattern: str) -> bool:
+    """Whether a checkpoint's skip entry names the module `name`: "re:" regexes (compressed-tensors, ModelOpt,
+    AutoRound), shell wildcards (ModelOpt's exclude_modules, gpt-oss), or a plain module name or prefix."""
+    if pattern.startswith("re:"):
+        return re.match(pattern[3:], name) is not None or re.search(pattern[3:], name) is not None
+    if "*" in pattern or "?" in pattern:
+        return fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, f"*{pattern}*")
+    return f".{name}.".find(f".{pattern.strip('.')}.") >= 0
+
+
+def _dense_layer_linears(info: ModelInfo, index: int) -> list[tuple[str, int]]:
+    """(module name, parameters) of the linear layers of decoder layer `index` of a dense model, named as in the
+    checkpoint (Qwen3.5's Gated DeltaNet: in_proj_qkv, in_proj_z, in_proj_a, in_proj_b, out_proj; attention: q, k,
+    v, o; the MLP: gate, up, down), plus its small unquantized tensors under "other"."""
+    h = info.hidden_size
+    prefix = f"model.language_model.layers.{index}." if info.vision_params else f"model.layers.{index}."
+    kind = info.kinds[index] if index < len(info.kinds) else None
+    parts: list[tuple[str, int]] = []
+    if kind == GDN and info.state is not None:
+        dims = info.state
+        key_dim, value_dim = dims.num_k_heads * dims.head_k_dim, dims.num_v_heads * dims.head_v_dim
+        conv_dim = 2 * key_dim + value_dim
+        parts += [
+            ("linear_attn.in_proj_qkv", h * conv_dim),
+            ("linear_attn.in_proj_z", h * value_dim),
+            ("linear_attn.in_proj_a", h * dims.num_v_heads),
+            ("linear_attn.in_proj_b", h * dims.num_v_heads),
+            ("linear_attn.conv1d", conv_dim * dims.conv_kernel),
+            ("linear_attn.out_proj", value_dim * h),
+            ("other", 2 * dims.num_v_heads + dims.head_v_dim),
+        ]
+    else:
+        q_out, kv_out = info.num_attention_heads * info.head_dim, info.num_kv_heads * info.head_dim
+        gate = q_out if info.attn_output_gate else 0
+        parts += [
+            ("self_attn.q_proj", h * (q_out + gate)),
+            ("self_attn.k_proj", h * kv_out),
+            ("self_attn.v_proj", h * kv_out),
+            ("self_attn.o_proj", q_out * h),
+        ]
+    matrices = (
+        ("gate_proj", "up_proj", "down_proj") if info.model_type not in _UNGATED_MLP else ("up_proj", "down_proj")
+    )
+    parts += [(f"mlp.{m}", h * info.intermediate_size) for m in matrices]
+    return [(prefix + name if name != "other" else name, count) for name, count in parts]
+
+
+def _skipped_linear_share(info: ModelInfo) -> float | None:
+    """The share of a dense model's decoder-layer parameters its checkpoint leaves unquantized (the skip list read
+    by vLLM's is_layer_skipped, e.g. Qwen's FP8 keeping in_proj_a/b in bfloat16), or None when nothing is skipped,
+    the model is MoE or multi-layer attention (the per-module names differ), or it is not quantized."""
+    if not info.quant_skipped or info.num_experts or info.is_mla or not info.num_layers:
+        return None
+    skipped = total = 0
+    for index in range(info.num_layers):
+        for name, count in _dense_layer_linears(info, index):
+            total += count
+            if name == "other" or name.endswith("conv1d") or any(_matches(name, p) for p in info.quant_skipped):
+                skipped += count
+    return skipped / total if total else None
 
 
 def architecture_weight_bytes(
@@ -129,6 +199,9 @@ def architecture_weight_bytes(
     quantized = bool(info.quant_bits and info.quant_bits < 16)
     per_quantized = _bytes_per_quantized_weight(info) if quantized else dtype_bytes
     other_bytes = dtype_bytes if info.quant_experts_only or not quantized else per_quantized
+    skipped = _skipped_linear_share(info) if quantized else None
+    if skipped is not None:  # a dense checkpoint with modules left unquantized: those at the model dtype
+        other_bytes = skipped * dtype_bytes + (1 - skipped) * per_quantized
     layer_bytes = parts.expert_per_layer * per_quantized + parts.other_linear_per_layer * other_bytes
     total = count * (layer_bytes + parts.norms_per_layer * dtype_bytes)
     if first:
