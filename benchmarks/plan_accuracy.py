@@ -453,8 +453,10 @@ def run_gpu(out: Path | None, show_holdout: bool = True) -> int:
         "per_term": per_term,
     }
     if out is not None:
+        if not show_holdout:  # --fit-only writes no out-of-sample row or table either
+            summary = {"rows": len(fit), "tables": {k: _table(fit, k) for k in tables}, "per_term": per_term}
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2) + "\n")
+        out.write_text(json.dumps({"summary": summary, "rows": rows if show_holdout else fit}, indent=2) + "\n")
     right = sum(_verdict_right(r) for r in held)
     return 0 if held and right / len(held) >= 0.95 else 1
 
