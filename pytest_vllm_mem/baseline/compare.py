@@ -199,9 +199,17 @@ class Replan:
     device_now: float
     utilization: float
     kv_before: float | None
+    # What vLLM logged it requested then and now: the reservation moved by their difference. vLLM reads the node's
+    # memory at its own moment, which can differ from the plugin's reading of it (a run on a busy machine: 10.84 GiB
+    # read by the plugin, vLLM's request still 0.96 GiB, as at 9.46; utilization x the plugin's difference would
+    # have planned 0.14 GiB more KV cache that vLLM never reserved).
+    requested_before: float | None = None
+    requested_now: float | None = None
 
     @property
     def delta_bytes(self) -> float:
+        if self.requested_before is not None and self.requested_now is not None:
+            return self.requested_now - self.requested_before
         return self.utilization * (self.device_now - self.device_before)
 
     def value(self, metric: Metric, recorded: float) -> float | None:
@@ -232,10 +240,13 @@ def replan_for(entry: BaselineEntry, samples: Mapping[str, Sequence[float]]) -> 
     now_values, requested_now = samples.get("device_memory"), samples.get("requested_memory")
     if not (before and requested and now_values and requested_now):
         return None
-    now = median(now_values)
-    if abs(now - before) <= REPLAN_THRESHOLD * before:
+    now, requested_at_now = median(now_values), median(requested_now)
+    if (
+        abs(now - before) <= REPLAN_THRESHOLD * before
+        and abs(requested_at_now - requested) <= REPLAN_THRESHOLD * requested
+    ):
         return None
-    return Replan(before, now, requested / before, entry.metrics.get("kv_cache_memory"))
+    return Replan(before, now, requested / before, entry.metrics.get("kv_cache_memory"), requested, requested_at_now)
 
 
 def _change_pct(baseline: float, now: float) -> float | None:

@@ -156,6 +156,20 @@ def test_a_real_kv_regression_on_another_node_size_still_fails() -> None:
     assert failures[1].baseline == pytest.approx(280_000 * (0.56 - 0.354) / 0.56)
 
 
+def test_the_replan_moves_by_what_vllm_requested_not_by_the_plugins_reading_of_the_node() -> None:
+    """A busy machine (benchmarks/data/gate_noise_ci_2026-12-02_busy.json, sessions same-3 and same-4): the plugin
+    read the node at 10.84 GiB where it had read 9.46, but vLLM's request stayed 0.95 -> 0.96 GiB and its KV cache
+    0.29 -> 0.30 GiB. Moved by utilization x the plugin's difference the baseline would be 0.43 GiB (-30%, a false
+    failure); moved by vLLM's own request it is 0.30."""
+    base = untiered(9.46, 0.95, 0.29, 302_848, 2.185)
+    by_name = {c.metric: c for c in compare(base, now_samples(10.84, 0.96, 0.30, 316_032, 2.197), TOKENS_GATED)}
+    assert by_name["kv_cache_memory"].baseline == pytest.approx(0.30 * GIB)
+    assert by_name["kv_cache_memory"].status == by_name["kv_cache_tokens"].status == "ok"
+    # The node read the same but vLLM requested more (it read the node at another moment): moved all the same.
+    replan = replan_for(base, now_samples(9.46, 1.13, 0.48, 503_552, 2.37))
+    assert replan is not None and replan.delta_bytes == pytest.approx(0.18 * GIB)
+
+
 def test_no_replan_on_a_tiered_run_or_when_vllm_did_not_size_the_kv_cache_from_the_node() -> None:
     tiered = untiered(8.8, 0.88, 0.04, 20_000, 1.0, tier="8gb")
     assert replan_for(tiered, now_samples(14.0, 1.40, 0.56, 280_000, 1.52)) is None

@@ -447,18 +447,18 @@ def test_a_failure_near_its_limit_is_suspect_a_plain_one_is_not() -> None:
 
 
 def test_a_pass_is_suspect_when_worse_than_its_baseline_at_the_suspect_level() -> None:
-    """At a 20-test suite's share a -25% session passes against one recorded session, but it is 1.96 standard
+    """At a 20-test suite's share a -32% session passes against one recorded session, but it is 1.96 standard
     errors out: fresh servers decide. -5% is not; an improvement never is."""
     level = SuiteLevel(families=20).per_comparison
     prior = DEFAULT_PRIOR
-    worse = decide([1000.0], [750.0], higher_is_better=True, floor=0.10, alpha=level, prior=prior)
+    worse = decide([1000.0], [680.0], higher_is_better=True, floor=0.10, alpha=level, prior=prior)
     assert worse.status == "ok" and worse.z is not None and worse.z >= normal_quantile(SUSPECT_LEVEL)
     assert worse.suspect
     slight = decide([1000.0], [950.0], higher_is_better=True, floor=0.10, alpha=level, prior=prior)
     better = decide([1000.0], [1300.0], higher_is_better=True, floor=0.10, alpha=level, prior=prior)
     assert not slight.suspect and not better.suspect
     # Within its tolerance a change never fails, so no fresh server is spent on it, however many errors out it is.
-    wide = decide([1000.0], [750.0], higher_is_better=True, floor=0.80, alpha=level, prior=prior)
+    wide = decide([1000.0], [680.0], higher_is_better=True, floor=0.80, alpha=level, prior=prior)
     assert wide.z == worse.z and not wide.suspect
 
 
@@ -473,10 +473,10 @@ def test_sessions_are_averaged_on_the_log_scale_and_count_as_independent_draws()
     assert three.worse_by == pytest.approx(0.2)  # the change shown is still of the medians
     assert three.stderr is not None and one.stderr is not None and three.z is not None
     assert -math.log(centre / 1000.0) == pytest.approx(three.z * three.stderr)  # judged: the mean of the logs
-    # One recorded session against three: the session spread counts 1 + 1/3 times, not 2 (0.10 x 1.155 vs 1.414).
-    assert three.stderr == pytest.approx(0.10 * math.sqrt(1 + 1 / 3)) and one.stderr == pytest.approx(
-        0.10 * math.sqrt(2)
-    )
+    # One recorded session against three: the session spread counts 1 + 1/3 times, not 2 (x 1.155 vs 1.414).
+    spread = DEFAULT_PRIOR.sd
+    assert three.stderr == pytest.approx(spread * math.sqrt(1 + 1 / 3))
+    assert one.stderr == pytest.approx(spread * math.sqrt(2))
 
 
 def test_confirmation_stops_once_nothing_is_suspect_and_never_runs_past_its_sessions() -> None:
