@@ -627,7 +627,9 @@ def verdict(
     def judged(sessions: int) -> list[Any]:
         kept = _quiet(loads) if busy_aware else loads
         count = len({load["session"] for load in kept})
-        return compare(case.entry, _samples(case.now_session, kept), tolerances, judge=judge, now_sessions=count)
+        samples = _samples(case.now_session, kept)
+        launched = case.now_session["launched"]
+        return compare(case.entry, samples, tolerances, judge=judge, now_sessions=count, now_config=launched)
 
     def rerun(sessions: int) -> list[Any] | None:
         if sessions - 2 >= len(case.fresh):

@@ -10,6 +10,7 @@ exactly. Every comparison names the version it compares against.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -199,10 +200,11 @@ class Replan:
     device_now: float
     utilization: float
     kv_before: float | None
-    # What vLLM logged it requested then and now: the reservation moved by their difference. vLLM reads the node's
-    # memory at its own moment, which can differ from the plugin's reading of it (a run on a busy machine: 10.84 GiB
-    # read by the plugin, vLLM's request still 0.96 GiB, as at 9.46; utilization x the plugin's difference would
-    # have planned 0.14 GiB more KV cache that vLLM never reserved).
+    # What vLLM logged it requested then and now, when both ran at the same utilization: the reservation moved by
+    # their difference. vLLM reads the node's memory for its request and for its KV line at two moments, and a VM
+    # whose memory balloons answers differently (a busy machine: the KV line said 10.84 GiB where it had said 9.46,
+    # the request stayed 0.96 GiB; utilization x the difference would have planned 0.14 GiB of KV cache that vLLM
+    # never reserved, a false -30%). With another utilization the request moved by the config: the old rule.
     requested_before: float | None = None
     requested_now: float | None = None
 
@@ -230,7 +232,17 @@ class Replan:
         )
 
 
-def replan_for(entry: BaselineEntry, samples: Mapping[str, Sequence[float]]) -> Replan | None:
+_UTILIZATION = re.compile(r"--gpu-memory-utilization[ =](\S+)")
+
+
+def _utilization_flag(command: str | None) -> str | None:
+    found = _UTILIZATION.search(command or "")
+    return found.group(1) if found else None
+
+
+def replan_for(
+    entry: BaselineEntry, samples: Mapping[str, Sequence[float]], now_config: str | None = None
+) -> Replan | None:
     """The re-plan for an untiered entry whose device memory differs from this run's, when both runs let vLLM size
     the KV cache from it (the CPU worker's "Auto set ... requested memory" line; not with VLLM_CPU_KVCACHE_SPACE).
     On a tiered run the tier fixes the reservation, and a GPU's memory is fixed by its name (in the key)."""
@@ -240,13 +252,13 @@ def replan_for(entry: BaselineEntry, samples: Mapping[str, Sequence[float]]) -> 
     now_values, requested_now = samples.get("device_memory"), samples.get("requested_memory")
     if not (before and requested and now_values and requested_now):
         return None
-    now, requested_at_now = median(now_values), median(requested_now)
-    if (
-        abs(now - before) <= REPLAN_THRESHOLD * before
-        and abs(requested_at_now - requested) <= REPLAN_THRESHOLD * requested
-    ):
+    now = median(now_values)
+    if abs(now - before) <= REPLAN_THRESHOLD * before:
         return None
-    return Replan(before, now, requested / before, entry.metrics.get("kv_cache_memory"), requested, requested_at_now)
+    kv_before = entry.metrics.get("kv_cache_memory")
+    if now_config is None or _utilization_flag(entry.config) != _utilization_flag(now_config):
+        return Replan(before, now, requested / before, kv_before)
+    return Replan(before, now, requested / before, kv_before, requested, median(requested_now))
 
 
 def _change_pct(baseline: float, now: float) -> float | None:
@@ -262,13 +274,14 @@ def compare(
     *,
     judge: Judge = tolerance_judge,
     now_sessions: int = 1,
+    now_config: str | None = None,
 ) -> list[Comparison]:
     """One Comparison per catalogue metric measured now (catalogue order), from this run's samples per metric (one
     per load, or one per server) and the entry's medians and spreads. Pure: no I/O, no settings. Gated metrics are
     decided by `judge` under their tolerance (a missing one: the metric's default); report-only figures get "info".
     Unknown metric names are ignored (their direction is unknown); metrics in the baseline but not measured now are
     skipped. `now_sessions`: the servers this run's samples came from (2 after a confirmation on a fresh start)."""
-    replan = replan_for(entry, samples) if entry is not None else None
+    replan = replan_for(entry, samples, now_config) if entry is not None else None
     comparisons = []
     for name, metric in METRICS.items():
         values = [v for v in samples.get(name, ()) if math.isfinite(v)]

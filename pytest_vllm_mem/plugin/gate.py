@@ -210,7 +210,9 @@ class Gate:
             raise UsageError(str(error)) from None
         entry = match.entry if match is not None else None
         self._pool_priors()
-        comparisons = compare(entry, samples, tolerances, judge=self.judge, now_sessions=judged.sessions)
+        comparisons = compare(
+            entry, samples, tolerances, judge=self.judge, now_sessions=judged.sessions, now_config=record.launched
+        )
         if left_out:
             record.notes.append(busy_note(left_out, record))
         record.comparisons = [c.to_dict() for c in comparisons]
@@ -293,7 +295,14 @@ class Gate:
             if not remeasure():
                 return None
             judged, _ = record.quiet()  # a busy first session gives way to the quiet fresh ones
-            return compare(entry, judged.metric_samples(), tolerances, judge=self.judge, now_sessions=judged.sessions)
+            return compare(
+                entry,
+                judged.metric_samples(),
+                tolerances,
+                judge=self.judge,
+                now_sessions=judged.sessions,
+                now_config=record.launched,
+            )
 
         comparisons, sessions = confirm_on_fresh_sessions(comparisons, rerun, self.settings.vllm_confirm_sessions)
         record.comparisons = [c.to_dict() for c in comparisons]

@@ -162,12 +162,18 @@ def test_the_replan_moves_by_what_vllm_requested_not_by_the_plugins_reading_of_t
     0.29 -> 0.30 GiB. Moved by utilization x the plugin's difference the baseline would be 0.43 GiB (-30%, a false
     failure); moved by vLLM's own request it is 0.30."""
     base = untiered(9.46, 0.95, 0.29, 302_848, 2.185)
-    by_name = {c.metric: c for c in compare(base, now_samples(10.84, 0.96, 0.30, 316_032, 2.197), TOKENS_GATED)}
+    base.config = "vllm serve tiny --gpu-memory-utilization 0.1"
+    now = now_samples(10.84, 0.96, 0.30, 316_032, 2.197)
+    by_name = {c.metric: c for c in compare(base, now, TOKENS_GATED, now_config=base.config)}
     assert by_name["kv_cache_memory"].baseline == pytest.approx(0.30 * GIB)
     assert by_name["kv_cache_memory"].status == by_name["kv_cache_tokens"].status == "ok"
-    # The node read the same but vLLM requested more (it read the node at another moment): moved all the same.
-    replan = replan_for(base, now_samples(9.46, 1.13, 0.48, 503_552, 2.37))
-    assert replan is not None and replan.delta_bytes == pytest.approx(0.18 * GIB)
+    # At another utilization the request moved by the config: moved by utilization x the node, the change shows.
+    bigger = compare(
+        base, now_samples(10.84, 3.25, 2.59, 2_700_000, 4.5), TOKENS_GATED, now_config=base.config.replace("0.1", "0.3")
+    )
+    assert {c.metric: c.status for c in bigger}["kv_cache_memory"] == "improved"
+    # On the same node nothing is re-planned: a larger request is the config's, and it shows.
+    assert replan_for(base, now_samples(9.46, 2.84, 2.19, 2_300_000, 4.3), base.config) is None
 
 
 def test_no_replan_on_a_tiered_run_or_when_vllm_did_not_size_the_kv_cache_from_the_node() -> None:
