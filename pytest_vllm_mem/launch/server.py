@@ -7,6 +7,7 @@ reports only "Server exited unexpectedly").
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -497,24 +498,32 @@ def _spawn(
                 f"{error.strerror or error}. Pass an interpreter that has vLLM installed "
                 "(--vllm-python)."
             ) from None
-    lifeline().watch(process.pid)  # from here on, a killed pytest takes the server with it
-    sampler = MemorySampler(
-        server_probe, process.pid, settings.sample_period_s, close_probe=server_probe is not probe
-    ).start()
-    sampler.mark("launch")
-    server = VLLMServer(
-        config=config,
-        launched=launched,
-        device=server_probe.device,
-        port=port,
-        process=process,
-        log_path=log_path,
-        sampler=sampler,
-        started_at=started_at,
-        devices=sampler.devices,
-    )
-    with _LIVE_LOCK:
-        _LIVE[process.pid] = server
+    try:
+        lifeline().watch(process.pid)  # from here on, a killed pytest takes the server with it
+        sampler = MemorySampler(
+            server_probe, process.pid, settings.sample_period_s, close_probe=server_probe is not probe
+        ).start()
+        sampler.mark("launch")
+        server = VLLMServer(
+            config=config,
+            launched=launched,
+            device=server_probe.device,
+            port=port,
+            process=process,
+            log_path=log_path,
+            sampler=sampler,
+            started_at=started_at,
+            devices=sampler.devices,
+        )
+        with _LIVE_LOCK:
+            _LIVE[process.pid] = server
+    except BaseException:
+        # Interrupted (Ctrl-C, a CI cancel) before the server was registered for cleanup, which stops what is
+        # registered: stop it here. The window is short but real: the first launch also starts the watchdog.
+        _signal_group(process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=5)
+        raise
     return server
 
 

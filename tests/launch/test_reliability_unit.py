@@ -142,6 +142,27 @@ def test_launch_binds_loopback_and_passes_hostile_values_unchanged(
     FIGURES.fault("hostile flag values (shell injection)")
 
 
+def test_an_interrupt_before_the_server_is_registered_stops_it(
+    tmp_path: Path, probe: MemoryProbe, stub_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C (or a CI cancel) right after the process started, while the watchdog is being told about it (the first
+    launch starts the watchdog there): nothing has registered the server for cleanup yet, so launch stops it."""
+    import pytest_vllm_mem.launch.server as server_module
+
+    started: list[int] = []
+
+    class Interrupted:
+        def watch(self, pid: int) -> None:
+            started.append(pid)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(server_module, "lifeline", Interrupted)
+    config = VLLMConfig("stub-model", env=stub("fake_server.py"))
+    with pytest.raises(KeyboardInterrupt):
+        launch(config, config, settings(tmp_path), probe)
+    assert started and running(started) == []
+
+
 # --- Hangs and stubborn processes -----------------------------------------------------------------------------------
 
 
@@ -362,6 +383,7 @@ def interrupt_inner(
     finally:
         if process.poll() is None:
             process.kill()
+            process.wait(30)  # reaped here: a Popen left running warns in whichever test collects it
         kill_quietly(pids + [p.pid for p in processes_with_token(token)])
     assert processes_with_token(token) == []
     return code, log.read_text(), gone, pids
