@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from e2e import CACHE_DIR, TOKEN_VAR, processes_with_token
-from stubs.helpers import reap
+from stubs.helpers import default_sigint, reap
 
 pytestmark = pytest.mark.e2e
 
@@ -133,7 +133,14 @@ def test_interrupted_tuner_stops_its_server_and_exits_130(tmp_path: Path) -> Non
     command = tune_command(
         tmp_path, "--low", "0.2", "--high", "0.3", "--resolution", "0.1", "--flag", "max_model_len=1024"
     )
-    process = subprocess.Popen(command, env=run_env(token), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        command,
+        env=run_env(token),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_sigint,  # a Ctrl-C test needs SIGINT handled, also when the suite inherited it ignored
+    )
     assert process.stdout is not None
     try:
         for line in process.stdout:  # wait for the first startup to begin, then for its server processes

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -105,7 +106,10 @@ def reap(process: subprocess.Popen[Any]) -> None:
 
 
 def popen_pytest(cwd: Path, args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """An inner pytest we can signal ourselves (pytester's runners cannot be interrupted mid-run)."""
+    """An inner pytest we can signal ourselves (pytester's runners cannot be interrupted mid-run). SIGINT is reset to
+    its default in it: a suite started in the background by a shell without job control (`bash .ci/run &`) inherits
+    SIGINT ignored, and Python then never turns a SIGINT into KeyboardInterrupt, so a Ctrl-C test would test nothing
+    (it failed that way in two background CI runs of this suite)."""
     with open(log, "wb") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
@@ -113,7 +117,13 @@ def popen_pytest(cwd: Path, args: list[str], env: dict[str, str], log: Path) -> 
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
+            preexec_fn=default_sigint,
         )
+
+
+def default_sigint() -> None:
+    """preexec_fn: the child turns SIGINT into KeyboardInterrupt, whatever this process inherited."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class Figures:
