@@ -558,10 +558,10 @@ def _busy(load: dict[str, Any]) -> bool:
 
 
 def _quiet(loads: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The loads the gate judges (TestRecord.quiet): a busy runner's left out where quiet ones exist."""
-    from pytest_vllm_mem.baseline.metrics import busy_load
+    """The loads the gate judges (TestRecord.quiet, metrics.quiet_loads)."""
+    from pytest_vllm_mem.baseline.metrics import quiet_loads
 
-    return [load for load in loads if not busy_load(load)] or loads
+    return [dict(load) for load in quiet_loads(loads)]
 
 
 def cases(sames: list[list[dict[str, Any]]], repeat: int, history: bool, busy_aware: bool = False) -> list[Case]:

@@ -346,6 +346,11 @@ def busy_load(load: Mapping[str, Any]) -> bool:
     return isinstance(share, (int, float)) and share > BUSY_SHARE
 
 
+def quiet_loads(loads: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The loads the gate judges: those a busy runner ran (busy_load) left out where quiet ones exist, else all."""
+    return [load for load in loads if not busy_load(load)] or list(loads)
+
+
 def record_samples(record: Measured) -> dict[str, list[float]]:
     """Every catalogue metric measured in `record`, with its samples (catalogue order)."""
     samples = {name: metric.read(record) for name, metric in METRICS.items()}

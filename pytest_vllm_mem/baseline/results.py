@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from pytest_vllm_mem.baseline.metrics import busy_load, record_samples
+from pytest_vllm_mem.baseline.metrics import quiet_loads, record_samples
 from pytest_vllm_mem.kinds import FailureKind
 
 if TYPE_CHECKING:
@@ -128,8 +128,8 @@ class TestRecord:
     def quiet(self) -> tuple[TestRecord, int]:
         """This record as the gate judges it, and how many loads it left out: the loads a busy runner ran
         (metrics.busy_load) are dropped when quiet ones exist; with none quiet, every load stays."""
-        quiet = [load for load in self.loads if not busy_load(load)]
-        if not quiet or len(quiet) == len(self.loads):
+        quiet = [dict(load) for load in quiet_loads(self.loads)]
+        if len(quiet) == len(self.loads):
             return self, 0
         return dataclasses.replace(self, loads=quiet), len(self.loads) - len(quiet)
 

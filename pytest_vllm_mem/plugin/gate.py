@@ -210,9 +210,7 @@ class Gate:
             raise UsageError(str(error)) from None
         entry = match.entry if match is not None else None
         self._pool_priors()
-        comparisons = compare(
-            entry, samples, tolerances, judge=self.judge, now_sessions=judged.sessions, now_config=record.launched
-        )
+        comparisons = self._compare(entry, judged, tolerances)
         if left_out:
             record.notes.append(busy_note(left_out, record))
         record.comparisons = [c.to_dict() for c in comparisons]
@@ -256,6 +254,19 @@ class Gate:
             )
         return "\n\n".join(problems) or None
 
+    def _compare(
+        self, entry: BaselineEntry | None, judged: TestRecord, tolerances: dict[str, Tolerance]
+    ) -> list[Comparison]:
+        """`judged` (a record's quiet view, TestRecord.quiet) against `entry`, over all the sessions it ran in."""
+        return compare(
+            entry,
+            judged.metric_samples(),
+            tolerances,
+            judge=self.judge,
+            now_sessions=judged.sessions,
+            now_config=judged.launched,
+        )
+
     @staticmethod
     def _over_tier(record: TestRecord, tier_is_auto: bool, server: Server | None) -> str | None:
         """The failure text of a peak over the tier, with the advice for it; records it as the test's failure."""
@@ -294,15 +305,7 @@ class Gate:
         def rerun(sessions: int) -> list[Comparison] | None:
             if not remeasure():
                 return None
-            judged, _ = record.quiet()  # a busy first session gives way to the quiet fresh ones
-            return compare(
-                entry,
-                judged.metric_samples(),
-                tolerances,
-                judge=self.judge,
-                now_sessions=judged.sessions,
-                now_config=record.launched,
-            )
+            return self._compare(entry, record.quiet()[0], tolerances)  # a busy first session gives way
 
         comparisons, sessions = confirm_on_fresh_sessions(comparisons, rerun, self.settings.vllm_confirm_sessions)
         record.comparisons = [c.to_dict() for c in comparisons]
