@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from e2e import record, run_inner
 
+from pytest_vllm_mem.baseline.metrics import quiet_loads
+
 pytestmark = pytest.mark.e2e
 
 RELEASE_PYTHON = os.environ.get("VLLM_MEM_RELEASE_PYTHON")
@@ -95,7 +97,10 @@ def test_contract_and_upgrade_across_releases(pytester: pytest.Pytester, release
     assert data["server_startups"] == 2 and data["leaked_server_pids"] == []
     stored = json.loads(baseline.read_text())
     (entry,) = stored["baselines"]["test_inner.py::test_serving[serving]"].values()
-    assert entry["runs"] == 2
+    # A load that ran while other processes took the runner's CPU is not recorded where a quiet one exists (issue 25:
+    # a fresh-clone CI run recorded 1 run of the 2 here); the baseline holds the quiet ones.
+    shares = [load.get("others_cpu_share") for load in serving["loads"]]
+    assert entry["runs"] == len(quiet_loads(serving["loads"])) >= 1, shares
 
     # 2. The same test on the newer release: compared with the older release's entry, and the upgrade is reported.
     result, data = run_inner(pytester, *common)
