@@ -46,9 +46,9 @@ def test_record_then_rerun_with_the_defaults_passes(pytester: pytest.Pytester) -
     # throughput is raised by hand to e^1.0 (2.7x) the faster of the two sessions so far, so that a healthy third
     # session reads about -63%: the middle (log scale) of the suspect band of a one-run, one-family comparison, a
     # pass worse at z >= 1.96 (log 0.36 at the default session spread 0.13) up to CONFIRM_REACH x its limit (log 1.65).
-    # The third session may then run about 0.53-1.85x as fast as the faster earlier one and still be suspect. Raising the
-    # first session's figure by a fixed 1.6 failed in CI: the third session ran faster than the cold first one (408,
-    # then 506 tok/s), read a plain pass and was never re-measured.
+    # The third session may then run about 0.53-1.85x as fast as the faster earlier one and still be suspect.
+    # Raising the first session's figure by a fixed 1.6 failed in CI: the third session ran faster than the cold first
+    # one (408, then 506 tok/s), read a plain pass and was never re-measured.
     fastest = max(entry["metrics"]["output_throughput"], compared["metrics"]["output_throughput"])
     data = json.loads(baseline.read_text())
     (key,) = data["baselines"]["test_inner.py::test_serving[vllm_config0]"]
