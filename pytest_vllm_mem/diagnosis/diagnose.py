@@ -268,10 +268,12 @@ _GRAPH_POOL = re.compile(rf"CUDA graph pool memory:\s*({_NUM}) GiB \(actual\),\s
 _GRAPH_ESTIMATE = re.compile(rf"Estimated CUDA graph memory:\s*({_NUM}) GiB total")
 # "CUDA graph memory profiling is enabled ... The current --gpu-memory-utilization=0.9200 is equivalent to ...
 # increase --gpu-memory-utilization to 0.9271." / "... is disabled ... increasing --gpu-memory-utilization from U to S."
+# / 0.17-0.18's "In v0.19, CUDA graph memory profiling will be enabled by default (...) ... increase
+# --gpu-memory-utilization from U to S to maintain the same effective KV cache size."
 _GRAPH_PROFILING = re.compile(
-    rf"CUDA graph memory profiling is (?:enabled|disabled).*?(?:The current --gpu-memory-utilization=({_NUM})"
-    rf".*?increase --gpu-memory-utilization to ({_NUM})|increasing --gpu-memory-utilization from ({_NUM}) to "
-    rf"({_NUM}))"
+    rf"CUDA graph memory profiling (?:is (?:enabled|disabled)|will be enabled by default).*?"
+    rf"(?:The current --gpu-memory-utilization=({_NUM}).*?increase --gpu-memory-utilization to ({_NUM})"
+    rf"|increas(?:e|ing) --gpu-memory-utilization from ({_NUM}) to ({_NUM}))"
 )
 # V0 engine (0.6.5-0.8): "the current vLLM instance can use total_gpu_memory (44.53GiB) x gpu_memory_utilization
 # (0.98) = 43.64GiB" / "model weights take 20.64GiB; non_torch_memory takes 0.28GiB; PyTorch activation peak memory
@@ -1261,24 +1263,37 @@ _MAX_LEN_OVER = re.compile(
 )
 
 
-def _max_len_over(lines: Sequence[_Line]) -> Diagnosis | None:
-    for line in lines:
-        match = _wrapped_match(_MAX_LEN_OVER, lines, line) if line.may_be_error else None
-        if not match:
-            continue
-        requested = int(match.group(1))
-        figures = {"max_model_len": float(requested)}
-        derived = ""
-        if match.group(3):
-            figures["derived_max_model_len"] = float(match.group(3))
-            source = match.group(2) if match.group(2) not in (None, "", "None") else "config.json"
-            derived = f" ({int(float(match.group(3))):,} from the model's {source})"
-        summary = (
-            f"the installed vLLM rejected max_model_len={requested}: it is greater than the model's own maximum"
-            f"{derived}"
-        )
-        return Diagnosis("bad_flag", summary, (line.text.strip(),), figures, "arguments")
+# The same check's message as far as its wording goes, when a paste or a summary stops before the figures in brackets.
+_MAX_LEN_OVER_CUT = re.compile(r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len\b")
+
+
+def _max_len_over_match(lines: Sequence[_Line]) -> tuple[_Line, re.Match[str]] | None:
+    """The first error line holding ModelConfig's max_model_len check: with its figures where any line has them, else
+    its wording alone (the figures cut off)."""
+    for pattern in (_MAX_LEN_OVER, _MAX_LEN_OVER_CUT):
+        for line in lines:
+            match = _wrapped_match(pattern, lines, line) if line.may_be_error else None
+            if match:
+                return line, match
     return None
+
+
+def _max_len_over(lines: Sequence[_Line]) -> Diagnosis | None:
+    found = _max_len_over_match(lines)
+    if found is None:
+        return None
+    line, match = found
+    requested = int(match.group(1))
+    figures = {"max_model_len": float(requested)}
+    derived = " (the log cuts the message before it)" if match.re is _MAX_LEN_OVER_CUT else ""
+    if match.re is _MAX_LEN_OVER and match.group(3):
+        figures["derived_max_model_len"] = float(match.group(3))
+        source = match.group(2) if match.group(2) not in (None, "", "None") else "config.json"
+        derived = f" ({int(float(match.group(3))):,} from the model's {source})"
+    summary = (
+        f"the installed vLLM rejected max_model_len={requested}: it is greater than the model's own maximum{derived}"
+    )
+    return Diagnosis("bad_flag", summary, (line.text.strip(),), figures, "arguments")
 
 
 def _bad_flag(lines: Sequence[_Line]) -> Diagnosis | None:
@@ -1524,8 +1539,12 @@ _SETTINGS = (
 # A value of --dtype named in the message ("Bfloat16 is only supported on GPUs with compute capability of at least
 # 8.0", "torch.bfloat16 is not supported for quantization method awq") is the dtype setting rejected.
 _DTYPE_VALUES = re.compile(r"^(?:torch\.)?(?:bfloat16|float16|float32)$", re.IGNORECASE)
+# The kinds of parallelism by name ("... not divisible by the number of tensor parallelism", "... is not supported
+# with pipeline parallelism"): the setting each is sized by.
+_PARALLELISM = re.compile(r"^(tensor|pipeline|data)[ _-]parallelism$", re.IGNORECASE)
 _SETTING_WORDS = re.compile(
     "|".join(rf"\b{name.replace('_', '[ _-]')}\b" for name in _SETTINGS)
+    + r"|\b(?:tensor|pipeline|data)[ _-]parallelism\b"
     + r"|`dtype`|\bdtype=|(?<![\w.])(?:torch\.)?(?:bfloat16|float16|float32)\b",
     re.IGNORECASE,
 )
@@ -1535,6 +1554,9 @@ def _setting_name(found: str) -> str:
     """A setting as _SETTING_WORDS found it, by its EngineArgs name ("tensor parallel size" -> tensor_parallel_size)."""
     if _DTYPE_VALUES.match(found):
         return "dtype"
+    parallelism = _PARALLELISM.match(found)
+    if parallelism:
+        return f"{parallelism.group(1).lower()}_parallel_size"
     word = re.sub(r"[ -]", "_", found.strip("`=").lower())
     return "quantization" if word == "quantization_method" else word
 

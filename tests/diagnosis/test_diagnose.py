@@ -1260,6 +1260,10 @@ def test_the_held_out_split_is_the_hash_rule_over_the_issue_23_batch() -> None:
     blind4 = [name for name, entry in INDEX.items() if entry.get("batch") == "issue23-blind4"]
     held4 = [name for name in blind4 if score.is_held_out(name, INDEX[name])]  # type: ignore[attr-defined]
     assert len(blind4) == 31 and len(held4) == 14
+    # So is blind batch 5: 14 of its 36 logs are held out.
+    blind5 = [name for name, entry in INDEX.items() if entry.get("batch") == "issue23-blind5"]
+    held5 = [name for name in blind5 if score.is_held_out(name, INDEX[name])]  # type: ignore[attr-defined]
+    assert len(blind5) == 36 and len(held5) == 14
 
 
 def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.CaptureFixture[str]) -> None:
@@ -1286,7 +1290,11 @@ def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.Captu
         "blind batch 4, in-sample two thirds (collected after the rules froze a fourth time): 14/17 logs right" in out
     )
     assert "blind batch 4, held-out third: 12/14 logs right" in out
-    assert "never fitted, together: 82/86 logs right" in out
+    # Blind batch 5, frozen at BLIND5_RULES_SHA256 (26/36): the in-sample two thirds 14/22 -> 17/22 with round 5's
+    # rules (3 seen before them), the held-out third 12/14 both before and after.
+    assert "blind batch 5, in-sample two thirds (collected after the rules froze a fifth time): 17/22 logs right" in out
+    assert "blind batch 5, held-out third: 12/14 logs right" in out
+    assert "never fitted, together: 94/100 logs right" in out
 
 
 # --- round 4: lines as they reach users, configuration checks by where they raise --------------------------------
@@ -1412,3 +1420,39 @@ def test_a_last_frame_whose_name_is_cut_is_the_call_the_frame_above_makes() -> N
         "raise_if_cache_size_invalid(num_gpu_blocks,", "raise_if_cache_size_invalid(raise_other(num_gpu_blocks),"
     )
     assert classify_failure(text, 1).kind == "crash"
+
+
+# --- round 5: rules written on blind batch 5's in-sample two thirds ------------------------------------------------
+
+
+def test_the_max_model_len_check_cut_before_its_figures_is_still_the_check() -> None:
+    # gpustack#313 quotes ModelConfig's message only up to "the derived max_model_len" (blind batch 5, in-sample).
+    diagnosis = classify_failure(log("gpu-0.6-max-model-len-over-derived-prose-gpustack313.log"), 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("bad_flag", "arguments")
+    assert diagnosis.figures["max_model_len"] == 8192.0 and "derived_max_model_len" not in diagnosis.figures
+    assert "cuts the message" in diagnosis.summary
+    # The whole message still gives the derived maximum, from the first line that holds it.
+    whole = "ValueError: User-specified max_model_len (8192) is greater than the derived max_model_len (4096).\n"
+    assert classify_failure(whole, 1).figures["derived_max_model_len"] == 4096.0
+    assert classify_failure("User-specified max_model_len (8192) is fine\n", 1).kind == "crash"
+
+
+def test_a_value_error_naming_a_kind_of_parallelism_is_its_size_rejected() -> None:
+    # vLLM 0.1's check: "The number of GPUs per node is not divisible by the number of tensor parallelism."
+    diagnosis = classify_failure(log("gpu-0.1-tp-gpus-per-node-title-596.log"), 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("bad_flag", "arguments")
+    assert rejected_flags(diagnosis) == ("tensor_parallel_size",)
+    pipeline = classify_failure("ValueError: This model does not support pipeline parallelism.\n", 1)
+    assert rejected_flags(pipeline) == ("pipeline_parallel_size",)
+    # Other exception types and other words stay crashes.
+    assert classify_failure("RuntimeError: tensor parallelism group failed to initialize\n", 1).kind == "crash"
+    assert classify_failure("ValueError: parallelism is not a model\n", 1).kind == "crash"
+
+
+def test_the_0_18_graph_profiling_hint_gives_current_and_suggested_utilization() -> None:
+    # 0.17-0.18 print "In v0.19, CUDA graph memory profiling will be enabled by default ... increase
+    # --gpu-memory-utilization from 0.7000 to 0.7021 ..." (vllm#30515, blind batch 5, in-sample).
+    memory = parse_startup_memory(log("gpu-0.18-started-graph-hint-pr30515.log"))
+    assert (memory.gpu_memory_utilization, memory.suggested_utilization) == (0.7, 0.7021)
+    assert memory.graph_pool_estimate_gib == 0.26
+    assert find_memory_error(log("gpu-0.18-started-graph-hint-pr30515.log")) is None

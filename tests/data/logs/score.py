@@ -18,7 +18,9 @@ Three scores are printed:
   (BLIND3_RULES_SHA256), scored once with that diagnose.py;
 - blind 4: 31 more logs (`"batch": "issue23-blind4"`) collected after the rules were frozen a fourth time
   (BLIND4_RULES_SHA256), split by the same hash rule: the held-out third is reported on its own line, the other two
-  thirds are in-sample (round 4's later rules were improved on them, so they do not count as never fitted).
+  thirds are in-sample (round 4's later rules were improved on them, so they do not count as never fitted);
+- blind 5: more logs (`"batch": "issue23-blind5"`) collected after the rules were frozen a fifth time
+  (BLIND5_RULES_SHA256), split and reported like blind 4.
 Entries with `seen_before_rule` were missed by the rules they were first scored with and passed only after a later
 rule was written with them in view: their pass is not a blind result, and each line says how many of them it holds.
 The script prints the SHA-256 of the diagnose.py it scored, so a blind figure can be matched to its frozen rules.
@@ -56,6 +58,10 @@ BLIND3_RULES_SHA256 = "1f48afc81a5759ee959287c6690ed1f70e93abb90b58bcea206abba04
 # a third of it held out by the hash rule, the rest in-sample for round 4's later rules.
 BLIND4_BATCH = "issue23-blind4"
 BLIND4_RULES_SHA256 = "17c6cb9e2c2dd93b934c7478205d0c8efb2e291fbcb8ef97c9eb339277c62500"
+# The fifth blind batch: frozen again (this diagnose.py, as of commit 5755b03) before any of its logs was collected;
+# split in thirds by the same hash rule as batch 4.
+BLIND5_BATCH = "issue23-blind5"
+BLIND5_RULES_SHA256 = "37d8cddfed97dd45caa8c91b5f51630bff6da5221f268bb8b7f133b367c8faee"
 _OLD_PHASE_WORDS = (
     ("while profiling", "profiling"),
     ("while allocating the KV cache", "kv_cache_allocation"),
@@ -67,10 +73,10 @@ _OLD_PHASE_WORDS = (
 
 
 def is_held_out(name: str, entry: dict[str, Any]) -> bool:
-    """The split rule, fixed before the issue-23 logs were scored: a third of that batch (and of blind batch 4), by a
-    hash of the name."""
+    """The split rule, fixed before the issue-23 logs were scored: a third of that batch (and of blind batches 4 and
+    5), by a hash of the name."""
     return (
-        entry.get("batch") in (HELD_OUT_BATCH, BLIND4_BATCH)
+        entry.get("batch") in (HELD_OUT_BATCH, BLIND4_BATCH, BLIND5_BATCH)
         and int(hashlib.sha256(name.encode()).hexdigest(), 16) % 3 == 0
     )
 
@@ -154,23 +160,28 @@ def main(argv: list[str]) -> int:
     index = json.loads((HERE / "index.json").read_text(encoding="utf-8"))
     corpus, held_out, blind, blind2, blind3 = Score(), Score(), Score(), Score(), Score()
     blind4_in, blind4_held = Score(), Score()
+    blind5_in, blind5_held = Score(), Score()
+    split = {BLIND4_BATCH: (blind4_in, blind4_held), BLIND5_BATCH: (blind5_in, blind5_held)}
     sets = {BLIND_BATCH: blind, BLIND2_BATCH: blind2, BLIND3_BATCH: blind3}
     for name, entry in index.items():
-        if entry.get("batch") == BLIND4_BATCH:
-            chosen = blind4_held if is_held_out(name, entry) else blind4_in
+        if entry.get("batch") in split:
+            in_sample, held = split[entry["batch"]]
+            chosen = held if is_held_out(name, entry) else in_sample
         else:
             chosen = sets.get(entry.get("batch", ""), held_out if is_held_out(name, entry) else corpus)
         score_entry(module, name, entry, chosen)
     if "-v" in argv:
-        print("\n".join(corpus.misses + blind4_in.misses))
+        print("\n".join(corpus.misses + blind4_in.misses + blind5_in.misses))
     if "--held-out-misses" in argv:
-        print("\n".join(held_out.misses + blind.misses + blind2.misses + blind3.misses + blind4_held.misses))
+        held_out_sets = (held_out, blind, blind2, blind3, blind4_held, blind5_held)
+        print("\n".join(miss for part in held_out_sets for miss in part.misses))
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     frozen = {
         BLIND_RULES_SHA256: " (the rules frozen for blind batch 1)",
         BLIND2_RULES_SHA256: " (the rules frozen for blind batch 2)",
         BLIND3_RULES_SHA256: " (the rules frozen for blind batch 3)",
         BLIND4_RULES_SHA256: " (the rules frozen for blind batch 4)",
+        BLIND5_RULES_SHA256: " (the rules frozen for blind batch 5)",
     }
     print(f"rules scored: {path.name} sha256 {digest[:12]}{frozen.get(digest, '')}")
     print(corpus.line("corpus"))
@@ -180,7 +191,9 @@ def main(argv: list[str]) -> int:
     print(blind3.line("blind batch 3 (collected after the rules froze a third time)"))
     print(blind4_in.line("blind batch 4, in-sample two thirds (collected after the rules froze a fourth time)"))
     print(blind4_held.line("blind batch 4, held-out third"))
-    parts = (held_out, blind, blind2, blind3, blind4_held)
+    print(blind5_in.line("blind batch 5, in-sample two thirds (collected after the rules froze a fifth time)"))
+    print(blind5_held.line("blind batch 5, held-out third"))
+    parts = (held_out, blind, blind2, blind3, blind4_held, blind5_held)
     total = Score(
         *(
             sum(getattr(part, name) for part in parts)
