@@ -214,7 +214,8 @@ class Option:
         except (TypeError, ValueError):
             expected = "a number" if self.kind in ("int", "float") else self.kind
             raise UsageError(f"{given.source}={raw!r}: expected {expected} ({self.help}).") from None
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
+        # A list of accepted values says all (--vllm-confirm-sessions accepts 0: off); otherwise a number is > 0.
+        if not self.choices and isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
             raise UsageError(f"{given.source}={raw!r}: must be greater than 0 ({self.help}).")
         if self.choices and value not in self.choices:
             accepted = ", ".join(str(choice) for choice in self.choices)

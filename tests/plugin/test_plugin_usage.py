@@ -57,6 +57,16 @@ def test_a_gate_level_without_a_t_table_is_a_usage_error(pytester: pytest.Pytest
     run(pytester).assert_outcomes(passed=1)
 
 
+def test_confirmation_can_be_switched_off_with_0_as_its_help_says(pytester: pytest.Pytester) -> None:
+    # The help lists "0 (off)"; the generic "must be greater than 0" check refused it (found through a stub suite).
+    pytester.makepyfile(test_inner_a="def test_a(): pass")
+    run(pytester, "--vllm-confirm-sessions=0").assert_outcomes(passed=1)
+    assert_usage_error(
+        run(pytester, "--vllm-confirm-sessions=4"), "--vllm-confirm-sessions='4'", "accepted values are 0, 1, 2, 3"
+    )
+    assert_usage_error(run(pytester, "--vllm-confirm-sessions=-1"), "accepted values are 0, 1, 2, 3")
+
+
 def test_the_gate_levels_offered_are_those_the_t_table_has() -> None:
     from pytest_vllm_mem.baseline.noise import ALPHAS
     from pytest_vllm_mem.settings import OPTIONS

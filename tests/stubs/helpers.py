@@ -53,9 +53,12 @@ def seed_flag_table(cache_dir: Path) -> Path:
 
 def stub_args(cache_dir: Path) -> list[str]:
     """Inner-session options that run every server through the stubs (they come after run_inner's own options:
-    the last --vllm-cache-dir wins)."""
+    the last --vllm-cache-dir wins). No confirmation on fresh servers: a stub's timings are noise (TTFT of a few ms),
+    so a comparison may read suspect, and each confirmation session waits up to 60 s for a runner busy with the other
+    xdist worker to quiet down: in a fresh-clone CI run test_paths' second inner run timed out at 120 s that way.
+    Confirmation is tested in tests/plugin/test_gate.py and on real servers in test_e2e_gate.py."""
     seed_flag_table(cache_dir)
-    return [f"--vllm-python={FAKE_PYTHON}", f"--vllm-cache-dir={cache_dir}"]
+    return [f"--vllm-python={FAKE_PYTHON}", f"--vllm-cache-dir={cache_dir}", "--vllm-confirm-sessions=0"]
 
 
 def running(pids: Iterable[int]) -> list[int]:
