@@ -33,11 +33,15 @@ from pytest_vllm_mem.plan.modelinfo import model_info_from_config
 from pytest_vllm_mem.versions import default_utilization
 
 DATA = Path(__file__).resolve().parent / "data" / "gpu_startups.json"
-# The newest collection of public rows (issue 24's second search), shown split by split in the tables.
-LATEST_COLLECTION = "issue24-second-2026-12-02"
-# The hybrid (Gated DeltaNet) KV rules were written after that collection, and checked on its fit-split rows: those
-# rows are in-sample for the rules from then on; its held-out rows stay out of sample (planned once, at the end).
-HYBRID_RULES_CHECKED_ON = LATEST_COLLECTION
+# The second collection of public rows (issue 24's second search), shown split by split in the tables.
+SECOND_COLLECTION = "issue24-second-2026-12-02"
+# The third (the first A100 and L40S rows), shown split by split as well. The profile sampler and mxfp4 backend rules
+# (memory_plan.profile_sampler_path, memory_plan.pre_hopper) were written after its one run, from vLLM's source,
+# and checked on its fit-split rows: those are in-sample from then on; its held-out rows stay out of sample.
+THIRD_COLLECTION = "issue24-third-2026-12-02"
+# The hybrid (Gated DeltaNet) KV rules were written after the second collection, and checked on its fit-split rows:
+# those rows are in-sample for the rules from then on; its held-out rows stay out of sample (planned once, at the end).
+HYBRID_RULES_CHECKED_ON = SECOND_COLLECTION
 # The hybrid models and the per-checkpoint entries their rows were re-pointed to (the served checkpoints, re-read from
 # the rows' sources after the run; the hybrid rules were checked on the same rows, so they stay in-sample).
 HYBRID_MODELS = (
@@ -175,6 +179,8 @@ def _card_class(entry: dict[str, Any]) -> str:
         return "any (refused before allocation)"
     if "a100" in gpu:
         return "A100"
+    if any(k in gpu for k in ("l40s", "l4", "a10g")):
+        return "datacentre PCIe <70 GiB (L4/A10G/L40S)"  # no NVLink, small-device batch defaults
     if entry.get("nvlink", True) is False or any(k in gpu for k in ("rtx", "3090", "4090", "5090", "a6000")):
         return "consumer/workstation (PCIe)"  # RTX PRO 6000 (96 GB) too: PCIe, no NVLink
     if entry["total_gib"] >= 70:
@@ -204,6 +210,7 @@ def _plan_entry(entry: dict[str, Any], models: dict[str, Any], calibration: Any 
             info,
             dict(entry.get("flags", {})),
             card,
+            env=entry.get("env", {}),
             vllm_version=entry["vllm_version"],
             default_utilization=entry.get("default_utilization", default_utilization(entry["vllm_version"])),
             calibration=calibration,
@@ -234,8 +241,10 @@ def gpu_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
             "version_basis": entry.get("version_basis", "stated"),
             "after_rules": bool(entry.get("collected_after_rules"))
             and not entry.get("used_for_fit")
-            and not _hybrid_rule_row(entry),
+            and not _hybrid_rule_row(entry)
+            and not _sampler_rule_row(entry),
             "hybrid_rule_row": _hybrid_rule_row(entry),
+            "sampler_rule_row": _sampler_rule_row(entry),
             "used_for_fit": entry.get("used_for_fit"),
             "card_class": _card_class(entry),
             "release_family": _release_family(entry["vllm_version"]),
@@ -295,6 +304,11 @@ def _hybrid_rule_row(entry: dict[str, Any]) -> bool:
         and entry.get("split", "fit") == "fit"
         and entry["model"] in HYBRID_MODELS
     )
+
+
+def _sampler_rule_row(entry: dict[str, Any]) -> bool:
+    """A fit-split row of the collection the sampler and mxfp4 backend rules were checked on (read writing them)."""
+    return entry.get("collection") == THIRD_COLLECTION and entry.get("split", "fit") == "fit"
 
 
 def _calibrated_from_sibling(data: dict[str, Any], entry: dict[str, Any]) -> tuple[str, Plan] | None:
@@ -404,6 +418,8 @@ def run_gpu(out: Path | None, show_holdout: bool = True) -> int:
             row["set"] = "out of sample: found after the rules were written"
         elif row["hybrid_rule_row"]:
             row["set"] = "in-sample: 2nd 2026-12-02 collection, fit split, read while writing the hybrid KV rules"
+        elif row["sampler_rule_row"]:
+            row["set"] = "in-sample: 3rd 2026-12-02 collection, fit split, read while writing the sampler rules"
         elif row["used_for_fit"]:
             row["set"] = "in-sample: found after, then a term fitted on them"
         elif row["collected"]:
@@ -425,15 +441,8 @@ def run_gpu(out: Path | None, show_holdout: bool = True) -> int:
         _print_table(
             "rows by collection (each split by the hash rule before it was planned)", tables["collection"], "collection"
         )
-        latest = [r for r in rows if r["collection"] == LATEST_COLLECTION]
-        for split in ("holdout", "fit"):
-            part = [r for r in latest if r["split"] == split]
-            _print_table(
-                f"{LATEST_COLLECTION}, split {split}, by release family",
-                _table(part, "release_family"),
-                "release_family",
-            )
-            _print_table(f"{LATEST_COLLECTION}, split {split}, by card class", _table(part, "card_class"), "card_class")
+        for collection in (SECOND_COLLECTION, THIRD_COLLECTION):
+            _print_collection_splits(rows, collection)
     fit = [r for r in rows if not r["out_of_sample"]]
     _print_table("in-sample rows by release family", _table(fit, "release_family"), "release_family")
     _print_table("in-sample rows by card class", _table(fit, "card_class"), "card_class")
@@ -459,6 +468,17 @@ def run_gpu(out: Path | None, show_holdout: bool = True) -> int:
         out.write_text(json.dumps({"summary": summary, "rows": rows if show_holdout else fit}, indent=2) + "\n")
     right = sum(_verdict_right(r) for r in held)
     return 0 if held and right / len(held) >= 0.95 else 1
+
+
+def _print_collection_splits(rows: list[dict[str, Any]], collection: str) -> None:
+    """One collection's held-out and fit-split rows, each by release family and by card class."""
+    members = [r for r in rows if r["collection"] == collection]
+    for split in ("holdout", "fit"):
+        part = [r for r in members if r["split"] == split]
+        _print_table(
+            f"{collection}, split {split}, by release family", _table(part, "release_family"), "release_family"
+        )
+        _print_table(f"{collection}, split {split}, by card class", _table(part, "card_class"), "card_class")
 
 
 def _per_term(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

@@ -13,9 +13,10 @@ replaced by a calibration (figures logged by an earlier startup of the same mode
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from pytest_vllm_mem.plan import refusals
 from pytest_vllm_mem.plan.batch_defaults import batch_defaults
@@ -239,15 +240,90 @@ def _scaled(value: int, low: float, high: float, floor: int = 0, source: str = "
 
 # Fitted on vllm#23278 (0.10.1) and vllm#27508 (0.11.0), gpt-oss-120b on an H100 (requested - logged weights - logged
 # KV leaves 7.1 and 7.2 GiB, at 8192 and 1024 batched tokens alike): the mxfp4 MoE path of those releases holds a
-# fixed workspace during the profile run; by 0.19 it is gone (gpt-oss-20b: 2.87 GiB peak activation).
+# fixed workspace during the profile run; by 0.19 it is gone (gpt-oss-20b: 2.87 GiB peak activation). It is the
+# Triton (matmul_ogs) backend's: cards before compute capability 9.0 take the Marlin backend instead
+# (`mxfp4.py` `_should_use_marlin` in 0.10.1, `get_mxfp4_backend` in 0.11.0), which holds no such workspace.
 MXFP4_MOE_WORKSPACE = int(7.2 * GIB)
 MXFP4_WORKSPACE_BEFORE = (0, 12)
-# vLLM 0.10-0.16 profiled 2.3-4.2 GiB more than 0.17+ for the same text model (llm-d-planner's version sweep:
-# Qwen3-14B 5.64 GiB on 0.15/0.16, 2.23 GiB from 0.17). Fitted (mean 3.3 GiB) on rows found after the first rules:
-# Qwen3-14B on 0.16, Qwen3-0.6B, Qwen3-32B TP 1/2 and Llama-3.3-70B-FP8 TP 2 on 0.11 (H100, 8192 batched tokens);
-# Mistral-Small-3.2 with its vision tower did not show it (2.12 GiB), so multimodal models are left out.
-PRE_017_ACTIVATION_EXTRA = int(3.3 * GIB)
-PRE_017_RELEASES = ((0, 10), (0, 17))
+# Cards before compute capability 9.0 (Ampere sm80/86, Ada sm89, and older), by the names CUDA gives them.
+PRE_HOPPER_NAMES = (
+    "a100",
+    "a10",
+    "a30",
+    "a40",
+    "rtx a",
+    "rtx 30",
+    "3060",
+    "3070",
+    "3080",
+    "3090",
+    "l4",
+    "rtx 40",
+    "4060",
+    "4070",
+    "4080",
+    "4090",
+    " ada",
+    "t4",
+    "v100",
+)
+
+
+def pre_hopper(card_name: str) -> bool:
+    """A card vLLM's compute-capability checks treat as pre-Hopper (capability < 9.0), by its name."""
+    name = card_name.lower()
+    return any(key in name for key in PRE_HOPPER_NAMES)
+
+
+# --- The profile run's dummy sampler pass (vLLM 0.10-0.16; read from the wheels' source) -----------------------
+# vLLM sizes the KV cache after a profile run that ends with one sampler pass over `min(max_num_seqs,
+# max_num_batched_tokens)` dummy requests with top-k and top-p set (`gpu_model_runner.py` `_dummy_sampler_run`, read
+# in 0.11.2 and 0.32). Which top-k/top-p kernel that pass runs decides whether it dominates the profiled peak:
+#
+# * PyTorch-native (`topk_topp_sampler.py` `apply_top_k_top_p`): sorts every row of float32 logits over the whole
+#   vocabulary. Live at its peak, per logit: the bfloat16 logits `compute_logits` returned (2 bytes), their float32
+#   copy (`Sampler.forward`, 4), the sorted values (4) and int64 indices (8), PyTorch's segmented sort's int64 index
+#   input (8) and cub's key/value double buffer (12; PyTorch's sort, not vLLM's source): 38 bytes. The forward pass's
+#   own activations are freed by then, so the profiled peak is the larger of the two, not their sum.
+# * FlashInfer's top-k/top-p sampling, or (0.17+) vLLM's Triton top-k/top-p for batches of 8 rows or more: no full sort.
+#
+# Which one runs: 0.10.0-0.11.0 use FlashInfer when it is installed (an optional extra of those wheels) unless
+# `VLLM_USE_FLASHINFER_SAMPLER=0`; 0.11.1-0.16 make FlashInfer opt-in (`VLLM_USE_FLASHINFER_SAMPLER=1`), so the native
+# sort runs by default; 0.17.0 added the Triton path. Startup logs say which ran ("Using FlashInfer for top-p & top-k
+# sampling" / "Falling back to the PyTorch-native implementation of top-p & top-k sampling").
+
+# Bytes live per (dummy request x vocabulary entry) while the native sort runs (above).
+NATIVE_SORT_BYTES_PER_LOGIT = 38
+FLASHINFER_ENV = "VLLM_USE_FLASHINFER_SAMPLER"
+
+SamplerPath = Literal["native", "flashinfer_or_native", "no_sort"]
+
+
+def _patch_release(version: str | None) -> tuple[int, int, int] | None:
+    """(major, minor, patch) of a vLLM version: '0.11.0' -> (0, 11, 0), '0.11.2rc1' -> (0, 11, 2)."""
+    match = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", version or "")
+    if not match:
+        return None
+    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+
+
+def profile_sampler_path(version: str | None, env: Mapping[str, str]) -> SamplerPath:
+    """The top-k/top-p kernel the profile's dummy sampler pass runs on a CUDA card."""
+    patch = _patch_release(version)
+    if patch is None or not (0, 10, 0) <= patch < (0, 17, 0):
+        return "no_sort"  # 0.17+: Triton top-k/top-p; before 0.10 the plan keeps its fitted V0/V1 terms
+    flag = env.get(FLASHINFER_ENV, "").strip()
+    if flag == "1":
+        return "no_sort"
+    if flag == "0" or patch >= (0, 11, 1):
+        return "native"
+    return "flashinfer_or_native"  # 0.10.0-0.11.0: FlashInfer if installed, which the plan cannot see
+
+
+def native_sort_bytes(vocab_size: int, *, max_num_seqs: int, batched_tokens: int) -> int:
+    """Peak bytes of the native sampler pass: one row per dummy request, as `_dummy_run` makes them."""
+    rows = min(max_num_seqs, batched_tokens)
+    return rows * vocab_size * NATIVE_SORT_BYTES_PER_LOGIT
 
 
 def gpu_activation(
@@ -258,25 +334,39 @@ def gpu_activation(
     batched_tokens: int,
     max_num_seqs: int,
     vllm_version: str | None = None,
+    env: Mapping[str, str] | None = None,
+    card_name: str = "",
 ) -> Estimate:
     """The profile run's torch peak beyond the weights: one batch of max_num_batched_tokens through a layer (the
-    MLP's gate/up output dominates) plus the sampler's float32 logits for max_num_seqs requests. Public logs show
+    MLP's gate/up output dominates) plus the sampler's float32 logits for max_num_seqs requests, or, where vLLM
+    0.10-0.16 sorts the logits in the dummy sampler pass, that sort's peak (profile_sampler_path). Public logs show
     it does not shrink with TP (1.89 GiB for Llama-3.1-8B at TP 1, 2 and 4), so it is not divided by `tp`."""
-    if info.quant_method in ("mxfp4", "gpt_oss_mxfp4") and release(vllm_version) < MXFP4_WORKSPACE_BEFORE:
+    mxfp4 = info.quant_method in ("mxfp4", "gpt_oss_mxfp4")
+    if mxfp4 and release(vllm_version) < MXFP4_WORKSPACE_BEFORE and not pre_hopper(card_name):
         return _scaled(MXFP4_MOE_WORKSPACE, 0.85, 1.2)
-    extra = 0
-    if PRE_017_RELEASES[0] <= release(vllm_version) < PRE_017_RELEASES[1] and not info.vision_params:
-        extra = PRE_017_ACTIVATION_EXTRA
     inter = (info.moe_intermediate_size or info.intermediate_size) * max(1, info.experts_per_token)
     per_token = (
         2 * inter + 4 * info.hidden_size + (info.num_attention_heads + 2 * info.num_kv_heads) * info.head_dim
     ) * dtype
     logits = max_num_seqs * info.vocab_size * 4 * 2
-    value = int(batched_tokens * per_token + logits)
-    base = _scaled(value, 0.5, 2.5, floor=GIB // 4)
-    if not extra:
+    base = _scaled(int(batched_tokens * per_token + logits), 0.5, 2.5, floor=GIB // 4)
+    return _with_sampler_sort(base, info, vllm_version, env or {}, max_num_seqs, batched_tokens)
+
+
+def _with_sampler_sort(
+    base: Estimate, info: ModelInfo, version: str | None, env: Mapping[str, str], seqs: int, batched: int
+) -> Estimate:
+    """The activation peak where the profile's sampler pass may sort the logits: the larger of the forward pass and
+    the sort (they do not overlap). Multimodal models keep the forward estimate: Mistral-Small-3.2 on vLLM 0.11
+    profiled 2.12 GiB at 1024 sequences, not the sort's 4.75 (why is not established)."""
+    path = profile_sampler_path(version, env)
+    if path == "no_sort" or info.vision_params:
         return base
-    return Estimate(base.value + extra, base.low + extra - GIB, base.high + extra + GIB, "estimate")
+    sort = native_sort_bytes(info.vocab_size, max_num_seqs=seqs, batched_tokens=batched)
+    if sort <= base.value:
+        return base
+    low = base.low if path == "flashinfer_or_native" else max(base.low, int(sort * 0.9))
+    return Estimate(sort, low, max(base.high, int(sort * 1.15)), "estimate")
 
 
 def gpu_non_torch(tp: int, nvlink: bool) -> Estimate:
@@ -412,6 +502,7 @@ class _Setup:
     notes: tuple[str, ...]
     version: str | None
     states: _States | None = None
+    env: Mapping[str, str] = field(default_factory=dict)  # the server's environment (sampler kernel choice)
 
 
 @dataclass(frozen=True)
@@ -514,6 +605,7 @@ def _setup(
         notes=tuple(notes),
         version=version,
         states=states,
+        env=dict(env),
     )
 
 
@@ -563,7 +655,14 @@ def _gpu_budget(
     if cal.weights_bytes:
         weights = Estimate.exact(cal.weights_bytes, "calibrated")
     activation = gpu_activation(
-        info, tp=s.tp, dtype=s.dtype, batched_tokens=s.batched, max_num_seqs=s.seqs, vllm_version=s.version
+        info,
+        tp=s.tp,
+        dtype=s.dtype,
+        batched_tokens=s.batched,
+        max_num_seqs=s.seqs,
+        vllm_version=s.version,
+        env=s.env,
+        card_name=card.name,
     )
     non_torch = gpu_non_torch(s.tp * s.pp, card.nvlink)
     graph = gpu_graphs(info, eager=s.eager, max_num_seqs=s.seqs, tp=s.tp)

@@ -44,3 +44,13 @@ def test_rows_collected_after_the_rules_say_how_their_release_is_known() -> None
         assert row["collected_after_rules"] is True, row["id"]
         basis = row["version_basis"]
         assert basis.startswith("stated") or basis.startswith("era: "), row["id"]
+
+
+def test_the_third_collection_names_its_cards_and_how_each_release_is_known() -> None:
+    rows = [r for r in _data()["startups"] if r.get("collection") == "issue24-third-2026-12-02"]
+    assert len(rows) == 13
+    assert {r["gpu"] for r in rows} == {"A100 80GB", "A100 40GB", "L40S"}
+    for row in rows:
+        assert row["collected_after_rules"] is True, row["id"]
+        assert row["version_basis"].startswith("stated"), row["id"]
+        assert row["logged"].get("kv_cache_gib") or row["logged"].get("kv_tokens"), row["id"]
