@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from pytest_vllm_mem.baseline.metrics import BUSY_SHARE
 from pytest_vllm_mem.diagnosis.advice import advise, render_steps
@@ -27,6 +28,31 @@ def measure_load(server: RunningServer, spec: LoadSpec) -> LoadResult:
         result.completed, result.server_alive = 0, False
         result.failure = Diagnosis(kind="node_lost", summary=str(error), root_cause=(), figures={})
         return result
+
+
+# A fresh server's first requests of a load's shape pay one-time costs that later loads of that shape do not: on the
+# CPU backend a batch shape not seen at startup is compiled during the load (a fresh-clone CI run: the first of four
+# same-config sessions read 729 tok/s against 959-1222, with one 0.6 s stall, a token interval median of 0 ms as
+# tokens piled up, and 1.7x the server CPU; the record-then-rerun it recorded then failed on TPOT +63.6%), and
+# allocators and thread pools grow. Benchmark tools warm up for this reason (`vllm bench serve --num-warmups`).
+# The warm-up's prompts come from a seed no measured load uses (those use 1, 2, ...), so none is a prefix-cache hit.
+WARM_UP_SEED = 0
+
+
+def warm_up_spec(spec: LoadSpec) -> LoadSpec:
+    """One wave of `spec`: its concurrency (all of it with no cap) of its prompts, all at once, same token counts."""
+    wave = spec.concurrency or spec.num_prompts
+    return replace(spec, num_prompts=min(spec.num_prompts, wave), request_rate=None)
+
+
+def warm_up(server: RunningServer, spec: LoadSpec) -> None:
+    """One unmeasured wave of `spec`'s requests (warm_up_spec) next to `server`, before its first measured load of
+    that shape. Nothing is recorded: a failure shows in the measured load that follows."""
+    server.call(_unmeasured_load, warm_up_spec(spec))
+
+
+def _unmeasured_load(server: VLLMServer, spec: LoadSpec) -> None:
+    run_load(server.url, server.model_name, spec, seed=WARM_UP_SEED, should_abort=lambda: not server.alive())
 
 
 def measured_load(server: VLLMServer, spec: LoadSpec) -> LoadResult:

@@ -15,7 +15,7 @@ from pytest_vllm_mem.launch.ray_cluster import ClusterError
 from pytest_vllm_mem.launch.server import Server, VLLMServer, VLLMStartupError
 from pytest_vllm_mem.launch.standins import FailedServer, PlannedServer
 from pytest_vllm_mem.load.client import LoadResult, LoadSpec, planned_load_result
-from pytest_vllm_mem.load.measure import load_failure_message, measure_load, wait_for_quiet_host
+from pytest_vllm_mem.load.measure import load_failure_message, measure_load, wait_for_quiet_host, warm_up
 from pytest_vllm_mem.plan.preflight import Unplannable, plan_record
 from pytest_vllm_mem.plugin.state import SessionState, state_key
 from pytest_vllm_mem.plugin.terminal import Renderer, pytest_renderer
@@ -212,6 +212,7 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: Server) -> Callable[.
     if not is_running(vllm_server):
         raise TypeError(f"vllm_load needs a running server, a FailedServer or a PlannedServer, not {vllm_server!r}")
     served = [vllm_server]  # the server the loads go to: a fresh one after a confirmation restarted it
+    state = _state(request)
     # pytest-benchmark, when the test asks for its fixture: the first load call becomes its rounds (one per repeat),
     # so --benchmark-autosave/--benchmark-compare see the loads; the plugin's own gate does not depend on it.
     benchmark = request.getfixturevalue("benchmark") if "benchmark" in request.fixturenames else None
@@ -223,6 +224,10 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: Server) -> Callable[.
 
         def one_run() -> None:
             server = served[-1]
+            shape = (server.pid, server.started_at, spec.concurrency, spec.prompt_len, spec.max_tokens)
+            if shape not in state.warmed:  # one unmeasured wave per server and load shape first (measure.warm_up)
+                warm_up(server, spec)
+                state.warmed.add(shape)
             observer = _observer(request, server)
             with observing(observer):  # a progress thread reads the load's counters while it runs
                 result = measure_load(server, spec)  # next to the server, on its node for a cluster's

@@ -26,6 +26,8 @@ class SessionState(Session):
         # JSON, sent by xdist).
         self.servers: dict[str, RunningServer] = {}
         self.leaked: list[int] = []  # pids of servers still running at session end (stopped then, and reported)
+        # (pid, started_at, concurrency, prompt_len, max_tokens): the servers and load shapes warmed up already.
+        self.warmed: set[tuple[int, float, int, int, int]] = set()
 
 
 state_key = pytest.StashKey[SessionState]()

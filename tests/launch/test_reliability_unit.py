@@ -603,3 +603,25 @@ def test_flag_secret(vllm_server):
     for secret in ("secret123", "secret456"):
         assert secret not in output and secret not in dumped
     FIGURES.fault("secrets in env and flags")
+
+
+def test_each_server_and_load_shape_is_warmed_up_once_before_its_first_measured_load(pytester: pytest.Pytester) -> None:
+    """One unmeasured wave (measure.warm_up) before the first load of each shape on a server: the server's access
+    log counts every request, the results JSON only the measured ones."""
+    body = """
+@pytest.mark.parametrize("vllm_config", [OK], ids=["ok"])
+def test_loads(vllm_server, vllm_load):
+    assert vllm_load(num_prompts=6, concurrency=2, max_tokens=2, repeat=2).ok  # warm-up of 2, then 6 and 6
+    assert vllm_load(num_prompts=5, concurrency=3, max_tokens=2).ok  # another shape: warm-up of 3, then 5
+    Path("log.txt").write_text(str(vllm_server.log_path))
+
+@pytest.mark.parametrize("vllm_config", [OK], ids=["ok"])
+def test_reused(vllm_server, vllm_load):
+    assert vllm_load(num_prompts=4, concurrency=2, max_tokens=2).ok  # the same server and shape: no warm-up
+"""
+    result, data = inner(pytester, body)
+    result.assert_outcomes(passed=2)
+    log = Path((pytester.path / "log.txt").read_text()).read_text()
+    assert log.count('"POST /v1/completions HTTP/1.1" 200 OK') == 2 + 6 + 6 + 3 + 5 + 4
+    completed = [load["completed"] for test in data["tests"] for load in test["loads"]]
+    assert completed == [6, 6, 5, 4]

@@ -387,3 +387,22 @@ def test_a_spec_is_checked_and_normalized_when_built() -> None:
     assert spec.request_rate is None and spec.timeout_s == 5.0 and isinstance(spec.timeout_s, float)
     assert LoadSpec(request_rate=3).request_rate == 3.0
     assert LoadSpec.of("x()", {"num_prompts": 4}, base=LoadSpec(max_tokens=2)) == LoadSpec(num_prompts=4, max_tokens=2)
+
+
+def test_a_warm_up_is_one_unmeasured_wave_of_the_load_with_prompts_no_measured_load_sends(fake: FakeServer) -> None:
+    from types import SimpleNamespace
+
+    from pytest_vllm_mem.load.client import LoadSpec, make_prompts
+    from pytest_vllm_mem.load.measure import warm_up, warm_up_spec
+
+    spec = LoadSpec(num_prompts=30, concurrency=4, max_tokens=3, prompt_len=16, request_rate=5.0)
+    assert warm_up_spec(spec) == LoadSpec(num_prompts=4, concurrency=4, max_tokens=3, prompt_len=16)
+    assert warm_up_spec(LoadSpec(num_prompts=6, concurrency=0)).num_prompts == 6  # no cap: the wave is every prompt
+    assert warm_up_spec(LoadSpec(num_prompts=2, concurrency=16)).num_prompts == 2
+    server = SimpleNamespace(url=fake.url("ok", 0, 0), model_name="m", alive=lambda: True)
+    server.call = lambda function, *args: function(server, *args)  # a local server runs the call here (Server.call)
+    warm_up(server, spec)  # type: ignore[arg-type]
+    assert len(fake.requests) == 4
+    assert all(r["max_tokens"] == 3 for r in fake.requests)
+    measured = {p for seed in (1, 2, 3) for p in make_prompts(30, 16, seed=seed)}  # the seeds of loads 1, 2, 3
+    assert not {r["prompt"] for r in fake.requests} & measured

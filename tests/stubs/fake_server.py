@@ -63,6 +63,8 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(0.001)
         usage = {"choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": tokens}}
         self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+        # vLLM's access log line for each request (uvicorn's), so tests can count what reached the server.
+        print(f'INFO:     127.0.0.1 - "POST /v1/completions HTTP/1.1" 200 OK max_tokens={tokens}', flush=True)
 
 
 def main() -> None:
