@@ -58,11 +58,11 @@ def test_record_then_rerun_with_the_defaults(pytester: pytest.Pytester) -> None:
         result.assert_outcomes(failed=1)
         failing = [c for c in compared["comparisons"] if c["status"] == "regressed"]
         assert failing and {c["metric"] for c in failing} <= NOISE_JUDGED | {"startup_peak_memory", "load_peak_memory"}
-        confirmed = [n for n in compared["notes"] if n.startswith("confirmation:")]
+        confirmations = [n for n in compared["notes"] if n.startswith("confirmation:")]
         if any(not c["confirmable"] for c in failing):  # plain: far past its limit, decided on the first session
-            assert not confirmed and len(compared["loads"]) == 1, compared["notes"]
+            assert not confirmations and len(compared["loads"]) == 1, compared["notes"]
         else:
-            assert len(confirmed) == 1 and confirmed[0].endswith("fails") and len(compared["loads"]) == 3
+            assert len(confirmations) == 1 and confirmations[0].endswith("fails") and len(compared["loads"]) == 3
 
     # A suspect verdict is re-measured on fresh servers (issue 25): the gate stops the server, starts the same config
     # anew for each confirmation session, runs the test's load there, and decides on all sessions. Sessions of one

@@ -401,7 +401,7 @@ def test_a_warm_up_is_one_unmeasured_wave_of_the_load_with_prompts_no_measured_l
     assert warm_up_spec(LoadSpec(num_prompts=2, concurrency=16)).num_prompts == 2
     server = SimpleNamespace(url=fake.url("ok", 0, 0), model_name="m", alive=lambda: True)
     server.call = lambda function, *args: function(server, *args)  # a local server runs the call here (Server.call)
-    warm_up(server, spec)  # type: ignore[arg-type]
+    warm_up(server, spec)
     assert len(fake.requests) == 4
     assert all(r["max_tokens"] == 3 for r in fake.requests)
     measured = {p for seed in (1, 2, 3) for p in make_prompts(30, 16, seed=seed)}  # the seeds of loads 1, 2, 3
