@@ -30,12 +30,12 @@ def measure_load(server: RunningServer, spec: LoadSpec) -> LoadResult:
         return result
 
 
-# A fresh server's first requests of a load's shape pay one-time costs that later loads of that shape do not: on the
-# CPU backend a batch shape not seen at startup is compiled during the load (a fresh-clone CI run: the first of four
-# same-config sessions read 729 tok/s against 959-1222, with one 0.6 s stall, a token interval median of 0 ms as
-# tokens piled up, and 1.7x the server CPU; the record-then-rerun it recorded then failed on TPOT +63.6%), and
-# allocators and thread pools grow. Benchmark tools warm up for this reason (`vllm bench serve --num-warmups`).
-# The warm-up's prompts come from a seed no measured load uses (those use 1, 2, ...), so none is a prefix-cache hit.
+# A fresh server's first requests of a load's shape can pay one-time costs that later loads of that shape do not (a
+# batch shape the CPU backend's compiled graph had not seen, allocators and thread pools growing); benchmark tools
+# warm up for this reason (`vllm bench serve --num-warmups`). One wave of the load's shape runs unmeasured first.
+# It does not remove the stalled sessions of a 2-core CPU runner (docs/baselines-and-gate.md), which come at any
+# point of a server's life. The warm-up's prompts come from a seed no measured load uses (those use 1, 2, ...), so
+# none is a prefix-cache hit.
 WARM_UP_SEED = 0
 
 
