@@ -99,8 +99,9 @@ class Settings:
         choices=ALPHAS,
     )
     vllm_confirm_sessions: int = option(
-        "fresh servers a suspect throughput or latency verdict is re-measured on before the gate decides (the same "
-        "config started anew, the test's load run again; stops early once nothing is suspect): 0 (off), 1, 2 or 3",
+        "fresh servers a suspect throughput or latency verdict, or a memory peak just over its band, is re-measured on "
+        "before the gate decides (the same config started anew, the test's load run again; stops early once nothing "
+        "is suspect): 0 (off), 1, 2 or 3",
         "int",
         CONFIRM_SESSIONS,
         choices=(0, 1, 2, 3),
