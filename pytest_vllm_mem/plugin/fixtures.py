@@ -224,10 +224,7 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: Server) -> Callable[.
 
         def one_run() -> None:
             server = served[-1]
-            shape = (server.pid, server.started_at, spec.concurrency, spec.prompt_len, spec.max_tokens)
-            if shape not in state.warmed:  # one unmeasured wave per server and load shape first (measure.warm_up)
-                warm_up(server, spec)
-                state.warmed.add(shape)
+            _warm_up_once(state, server, spec)
             observer = _observer(request, server)
             with observing(observer):  # a progress thread reads the load's counters while it runs
                 result = measure_load(server, spec)  # next to the server, on its node for a cluster's
@@ -253,11 +250,7 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: Server) -> Callable[.
             except VLLMStartupError as error:
                 record.notes.append(f"a fresh server for the gate's confirmation did not start: {error.kind}")
                 return False
-            fresh = served[-1]
-            startup, memory = fresh.startup, fresh.memory
-            record.restarts.append(
-                {"startup": startup.to_dict() if startup else {}, "memory": memory.to_dict() if memory else {}}
-            )
+            record.restarts.append(_server_figures(served[-1]))
             # Measured when the neighbours are quiet, if they get so (this machine's: a cluster node's are not seen).
             waited = wait_for_quiet_host(served[-1].pid) if isinstance(served[-1], VLLMServer) else None
             if waited is not None:
@@ -272,6 +265,20 @@ def vllm_load(request: pytest.FixtureRequest, vllm_server: Server) -> Callable[.
         return chosen
 
     return load
+
+
+def _warm_up_once(state: SessionState, server: RunningServer, spec: LoadSpec) -> None:
+    """One unmeasured wave per server and load shape, before its first measured load of that shape (warm_up)."""
+    shape = (server.pid, server.started_at, spec.concurrency, spec.prompt_len, spec.max_tokens)
+    if shape not in state.warmed:
+        warm_up(server, spec)
+        state.warmed.add(shape)
+
+
+def _server_figures(server: RunningServer) -> dict[str, Any]:
+    """A fresh server's startup and memory figures, as TestRecord.restarts keeps them."""
+    startup, memory = server.startup, server.memory
+    return {"startup": startup.to_dict() if startup else {}, "memory": memory.to_dict() if memory else {}}
 
 
 def serving_metrics(result: LoadResult) -> dict[str, float]:
