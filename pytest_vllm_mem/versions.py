@@ -84,10 +84,20 @@ def too_old_message(version: str, python: str, supported: str = SUPPORTED_VLLM) 
     )
 
 
+_RELEASE = re.compile(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?")
+
+
 def release(version: str | None) -> tuple[int, int] | None:
     """(major, minor) of a vLLM version string: '0.32.0+cpu' -> (0, 32), '0.3x' -> (0, 3); None when it names none."""
-    match = re.match(r"\s*v?(\d+)\.(\d+)", version or "")
+    match = _RELEASE.match(version or "")
     return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def patch_release(version: str | None) -> tuple[int, int, int] | None:
+    """(major, minor, patch) of a vLLM version string: '0.11.0' -> (0, 11, 0), '0.11.2rc1' -> (0, 11, 2), '0.3x' ->
+    (0, 3, 0); None when it names none. For rules that changed within a minor release."""
+    match = _RELEASE.match(version or "")
+    return (int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)) if match else None
 
 
 LATEST_RELEASE = (99, 0)  # what an unknown version counts as where a rule needs one: a current release

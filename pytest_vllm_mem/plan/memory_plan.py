@@ -13,7 +13,6 @@ replaced by a calibration (figures logged by an earlier startup of the same mode
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -37,7 +36,7 @@ from pytest_vllm_mem.plan.layers import (
 from pytest_vllm_mem.plan.modelinfo import ModelInfo, ModelInfoError, ceil_div, dtype_bytes
 from pytest_vllm_mem.plan.weights import architecture_weight_bytes
 from pytest_vllm_mem.units import GIB, format_bytes, parse_size
-from pytest_vllm_mem.versions import DEFAULT_UTILIZATION
+from pytest_vllm_mem.versions import DEFAULT_UTILIZATION, patch_release
 from pytest_vllm_mem.versions import release_or_latest as release
 
 VERDICTS = ("fits", "kv_cache_insufficient", "weights_too_large", "host_memory", "tier_exceeded", "cuda_oom")
@@ -299,17 +298,9 @@ FLASHINFER_ENV = "VLLM_USE_FLASHINFER_SAMPLER"
 SamplerPath = Literal["native", "flashinfer_or_native", "no_sort"]
 
 
-def _patch_release(version: str | None) -> tuple[int, int, int] | None:
-    """(major, minor, patch) of a vLLM version: '0.11.0' -> (0, 11, 0), '0.11.2rc1' -> (0, 11, 2)."""
-    match = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", version or "")
-    if not match:
-        return None
-    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
-
-
 def profile_sampler_path(version: str | None, env: Mapping[str, str]) -> SamplerPath:
     """The top-k/top-p kernel the profile's dummy sampler pass runs on a CUDA card."""
-    patch = _patch_release(version)
+    patch = patch_release(version)
     if patch is None or not (0, 10, 0) <= patch < (0, 17, 0):
         return "no_sort"  # 0.17+: Triton top-k/top-p; before 0.10 the plan keeps its fitted V0/V1 terms
     flag = env.get(FLASHINFER_ENV, "").strip()

@@ -104,8 +104,7 @@ def record_for(request: pytest.FixtureRequest, server_or_error: Server | VLLMSta
         device=state.device.name,
         backend=state.device.backend,
         vllm_version=(memory.vllm_version if memory and memory.vllm_version else state.parser_table.version),
-        startup=server_or_error.startup.to_dict() if server_or_error.startup else {},
-        memory=memory.to_dict() if memory else {},
+        **_server_figures(server_or_error),
     )
     record.plan = plan_record(state.plans, launched, record.memory)
     if not isinstance(server_or_error, VLLMStartupError):
@@ -275,9 +274,10 @@ def _warm_up_once(state: SessionState, server: RunningServer, spec: LoadSpec) ->
         state.warmed.add(shape)
 
 
-def _server_figures(server: RunningServer) -> dict[str, Any]:
-    """A fresh server's startup and memory figures, as TestRecord.restarts keeps them."""
-    startup, memory = server.startup, server.memory
+def _server_figures(server_or_error: Server | VLLMStartupError) -> dict[str, Any]:
+    """A server's (or a failed startup's) startup and memory figures as a record keeps them: the test's own in
+    TestRecord.startup and .memory, a confirmation's fresh server's in TestRecord.restarts."""
+    startup, memory = server_or_error.startup, server_or_error.memory
     return {"startup": startup.to_dict() if startup else {}, "memory": memory.to_dict() if memory else {}}
 
 

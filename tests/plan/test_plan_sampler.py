@@ -105,3 +105,17 @@ def test_mxfp4_moe_holds_the_triton_workspace_on_hopper_only() -> None:
 )
 def test_cards_before_compute_capability_9_are_known_by_name(name: str, before_hopper: bool) -> None:
     assert pre_hopper(name) is before_hopper
+
+
+def test_the_patch_release_and_the_minor_release_read_a_version_alike() -> None:
+    from pytest_vllm_mem.versions import patch_release, release
+
+    for version, patch in (
+        ("0.11.0", (0, 11, 0)),
+        ("0.11.2rc1", (0, 11, 2)),
+        ("v0.10.1.1", (0, 10, 1)),
+        ("0.32.0+cpu", (0, 32, 0)),
+        ("0.3x", (0, 3, 0)),
+    ):
+        assert patch_release(version) == patch and release(version) == patch[:2]
+    assert patch_release("banana") is None and patch_release(None) is None and release("banana") is None
