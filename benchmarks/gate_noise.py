@@ -547,7 +547,13 @@ def _pooled(sames: list[list[dict[str, Any]]], leave_out: dict[str, Any], repeat
     priors = {}
     for name in NOISY_GATED:
         windows = [
-            [_median(_samples(s, r)[name]) for s in same if s is not leave_out and (r := _run(s, repeat)) is not None]
+            [
+                _median(samples[name])
+                for s in same
+                if s is not leave_out
+                and (r := _run(s, repeat)) is not None
+                and name in (samples := _samples(s, r))  # none: every load's delivery coalesced (latency)
+            ]
             for same in sames
         ]
         prior = pooled_prior(windows)

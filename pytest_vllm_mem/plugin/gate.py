@@ -31,10 +31,12 @@ from pytest_vllm_mem.baseline.compare import (
 )
 from pytest_vllm_mem.baseline.metrics import (
     BUSY_SHARE,
+    COALESCED_SHARE,
     METRICS,
     Tolerance,
     ToleranceError,
     busy_load,
+    coalesced_load,
     parse_tolerance_mapping,
     parse_tolerance_spec,
     resolve_tolerances,
@@ -82,6 +84,7 @@ class GateSettings(Protocol):
 
 
 CONFIRM_NOTE = "confirmation:"  # the prefix of the record's note on a re-measured verdict
+COALESCED_NOTE = "coalesced delivery:"  # the prefix of the record's note on loads whose latencies are not read
 
 
 def tolerance_layers(config: pytest.Config) -> tuple[dict[str, Tolerance], dict[str, Tolerance]]:
@@ -213,6 +216,7 @@ class Gate:
         comparisons = self._compare(entry, judged, tolerances)
         if left_out:
             record.notes.append(busy_note(left_out, record))
+        note_coalesced(record)
         record.comparisons = [c.to_dict() for c in comparisons]
         record.baseline = match.to_dict() if match is not None else None
         if settings.vllm_update_baseline:
@@ -308,6 +312,7 @@ class Gate:
             return self._compare(entry, record.quiet()[0], tolerances)  # a busy first session gives way
 
         comparisons, sessions = confirm_on_fresh_sessions(comparisons, rerun, self.settings.vllm_confirm_sessions)
+        note_coalesced(record)  # the fresh sessions' loads counted too
         record.comparisons = [c.to_dict() for c in comparisons]
         failures = gate_failures(comparisons, self.settings.vllm_strict)
         if sessions == 1:
@@ -350,6 +355,19 @@ def busy_note(left_out: int, record: TestRecord) -> str:
         f"busy runner: {left_out} of {len(record.loads)} loads left out of the verdicts (other processes took "
         f"{min(shares):.0%}-{max(shares):.0%} of the CPU during them, over {BUSY_SHARE:.0%})"
     )
+
+
+def note_coalesced(record: TestRecord) -> None:
+    """The record's note (one, kept current) on loads whose token chunks reached the client in bursts
+    (metrics.coalesced_load): their TTFT and TPOT timed the reader, so no verdict or baseline reads them."""
+    record.notes[:] = [note for note in record.notes if not note.startswith(COALESCED_NOTE)]
+    coalesced = sum(map(coalesced_load, record.loads))
+    if coalesced:
+        record.notes.append(
+            f"{COALESCED_NOTE} in {coalesced} of {len(record.loads)} loads over {COALESCED_SHARE:.0%} of the token "
+            "intervals read 0 ms (the client read the stream in bursts): their TTFT and TPOT time the reader, not "
+            "the server, and are left out of the verdicts and the baseline; their throughput and memory count"
+        )
 
 
 def history_steps(entries: Iterable[BaselineEntry]) -> list[str]:

@@ -6,7 +6,9 @@ How often a healthy rerun fails is a rate, measured by the gate benchmark over c
 (`benchmarks/gate_noise.py --targets`), not asserted here: on this 2-core runner a whole session can run with its
 token delivery stalled (a token-interval median of 0 ms, TTFT p50 over 1 s, 1.7-2.3x the server CPU per token), and
 4 of this test's 5 runs on 2026-12-02 failed a healthy rerun that way (tpot_p50 +63.6% and throughput -29.8%
-confirmed on two fresh servers; ttft_p50 +183.5% confirmed; ttft_p50 +3384% at once, past reach). What this test
+confirmed on two fresh servers; ttft_p50 +183.5% confirmed; ttft_p50 +3384% at once, past reach); the CI run of
+a8c007d failed on tpot_p50 +310% against a recording whose delivery had coalesced, whose latencies the gate now leaves
+out (metrics.coalesced_load). What this test
 asserts is the contract: memory figures agree, and a failure within reach of its limit comes only after the fresh
 servers confirmed it."""
 
@@ -18,6 +20,7 @@ import math
 import pytest
 from e2e import record, run_inner
 
+from pytest_vllm_mem.baseline.metrics import coalesced_load
 from pytest_vllm_mem.baseline.noise import NOISY_GATED
 
 pytestmark = pytest.mark.e2e
@@ -40,10 +43,13 @@ def test_serving(vllm_server, vllm_load):
 def test_record_then_rerun_with_the_defaults(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_inner=INNER)
     baseline = pytester.path / "baselines.json"
-    result, _ = run_inner(pytester, f"--vllm-baseline={baseline}", "--vllm-update-baseline")
+    result, data = run_inner(pytester, f"--vllm-baseline={baseline}", "--vllm-update-baseline")
     result.assert_outcomes(passed=1)
     (entry,) = json.loads(baseline.read_text())["baselines"]["test_inner.py::test_serving[vllm_config0]"].values()
     assert entry["runs"] == 1 and "kv_cache_memory" in entry["metrics"]
+    # A recording whose token delivery coalesced (a stalled session) keeps no latency (metrics.coalesced_load).
+    (recorded,) = record(data, "test_serving[vllm_config0]")["loads"]
+    assert ("tpot_p50" in entry["metrics"]) is not coalesced_load(recorded), recorded["itl_ms"]
 
     result, data = run_inner(pytester, f"--vllm-baseline={baseline}")
     output = result.stdout.str()
@@ -58,11 +64,15 @@ def test_record_then_rerun_with_the_defaults(pytester: pytest.Pytester) -> None:
         result.assert_outcomes(failed=1)
         failing = [c for c in compared["comparisons"] if c["status"] == "regressed"]
         assert failing and {c["metric"] for c in failing} <= NOISE_JUDGED | {"startup_peak_memory", "load_peak_memory"}
+        # Whether a metric was within reach is read on the first session; the comparison shown is the final one, on
+        # every session (CI: tpot_p50 +262% within reach on the first, +310% past it on all three).
         confirmations = [n for n in compared["notes"] if n.startswith("confirmation:")]
-        if any(not c["confirmable"] for c in failing):  # plain: far past its limit, decided on the first session
-            assert not confirmations and len(compared["loads"]) == 1, compared["notes"]
-        else:
-            assert len(confirmations) == 1 and confirmations[0].endswith("fails") and len(compared["loads"]) == 3
+        if confirmations:  # suspect on the first session: decided on the fresh servers' sessions too
+            (note,) = confirmations
+            fresh = 2 if "on 2 fresh servers" in note else 1
+            assert note.endswith("fails") and len(compared["loads"]) == 1 + fresh, compared["notes"]
+        else:  # plain: a metric far past its limit decided the test on the first session
+            assert any(not c["confirmable"] for c in failing) and len(compared["loads"]) == 1, compared["notes"]
 
     # A suspect verdict is re-measured on fresh servers (issue 25): the gate stops the server, starts the same config
     # anew for each confirmation session, runs the test's load there, and decides on all sessions. Sessions of one

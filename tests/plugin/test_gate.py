@@ -587,6 +587,37 @@ def test_with_no_quiet_load_every_load_is_judged_and_the_failure_says_the_runner
     assert failure is not None and "the runner was busy during 1 of the 1 loads judged" in failure
 
 
+# ---- loads whose token chunks reached the client in bursts (issue 25: a stalled record session's TPOT of 0.7 ms) ----
+def coalesced(value: dict[str, Any], zeros: int, others: int = 1) -> dict[str, Any]:
+    """`value` with `zeros` token intervals of 0 us (chunks read together) and `others` of 4 ms."""
+    return {**value, "samples_us": {"itl": [0] * zeros + [4000] * others}}
+
+
+def test_a_coalesced_load_counts_for_throughput_but_not_for_latency() -> None:
+    from pytest_vllm_mem.baseline.metrics import METRICS, coalesced_load, coalesced_share
+
+    stalled = {**coalesced(load(600.0), zeros=3), "tpot_ms": {"p50": 0.7}, "ttft_ms": {"p50": 1400.0, "p99": 1500.0}}
+    record = make_record(load(2000.0), stalled)
+    assert coalesced_share(stalled) == 0.75 and coalesced_load(stalled)
+    assert not coalesced_load(coalesced(load(), zeros=1)) and coalesced_share(load()) is None  # half, none kept
+    assert METRICS["output_throughput"].read(record) == [2000.0, 600.0]
+    assert METRICS["tpot_p50"].read(record) == [10.0]
+    assert METRICS["ttft_p50"].read(record) == [45.0] and METRICS["ttft_p99"].read(record) == [90.0]
+
+
+def test_a_baseline_recorded_on_a_coalesced_session_keeps_no_latency_and_the_rerun_says_why(baseline: Path) -> None:
+    recorded = make_record(coalesced(load(1000.0), zeros=9))
+    write_baseline(baseline, recorded)
+    (entry,) = BaselineStore(baseline).entries_for(TEST_ID).values()
+    assert "output_throughput" in entry.metrics and not {"ttft_p50", "tpot_p50"} & set(entry.metrics)
+    state = noise_state(baseline)
+    record = make_record(load(1000.0), coalesced(load(990.0), zeros=5, others=2))
+    assert evaluate_record(state, record, {}, None, None) is None
+    (note,) = [n for n in record.notes if n.startswith("coalesced delivery:")]
+    assert "in 1 of 2 loads" in note and "left out of the verdicts and the baseline" in note
+    assert {c["metric"] for c in record.comparisons} >= {"output_throughput", "tpot_p50"}
+
+
 def test_a_quiet_share_or_an_unmeasured_one_is_not_busy() -> None:
     from pytest_vllm_mem.baseline.metrics import BUSY_SHARE, busy_load
 
