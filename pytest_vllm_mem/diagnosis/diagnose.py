@@ -789,8 +789,25 @@ def _oom_phase(lines: Sequence[_Line], hit: _Line, running: bool = False) -> str
     """
     ready = [entry.index for entry in lines[: hit.index] if _READY.search(entry.text)]
     scope = lines[ready[-1] :] if ready else lines
-    found = _traceback_phase(scope) or _milestone_phase(lines, hit.index)
+    found = _traceback_phase(scope) or _milestone_phase(lines, hit.index) or _ray_summary_phase(lines, hit)
     return found or ("serving" if running else None)
+
+
+_RAY_SUMMARY_WINDOW = 6
+
+
+def _ray_summary_phase(lines: Sequence[_Line], hit: _Line) -> str | None:
+    """The step after a startup milestone that Ray's log deduplication reports just after the error.
+
+    Ray prints the first copy of a record at once and the other workers' copies later, as one line ending "[repeated
+    7x across cluster]": the workers reached that milestone before the summary was printed, so when no record before
+    the error names a step, the summary's milestone tells which step the workers were in.
+    """
+    for line in lines[hit.index + 1 : hit.index + 1 + _RAY_SUMMARY_WINDOW]:
+        index = startup_milestone(line.text)
+        if index is not None and _RAY_REPEATED.search(strip_ansi(line.raw)):
+            return _STAGE_PHASE.get(STARTUP_PHASES[index])
+    return None
 
 
 # The weight loader's "Loading weights took N seconds" comes before the weights are post-processed (quantized kernels
@@ -1569,9 +1586,21 @@ def _names_of_settings(message: str) -> tuple[str, ...]:
     return _dedupe(_setting_name(found) for found in _SETTING_WORDS.findall(message))
 
 
+_INLINE_CODE = re.compile(r"`([^`]+)(?:`|$)")  # its closing mark may be gone: _unquote drops one ending a line
+
+
+def _raised_in(text: str) -> re.Match[str] | None:
+    """The exception a line shows: the line itself, or a span of inline code in a sentence that quotes the error
+    ("I receive a `ValueError: ...`")."""
+    raised = _RAISED.match(text.strip().strip("`*"))
+    if raised is not None:
+        return raised
+    return next(filter(None, (_RAISED.match(span.strip()) for span in _INLINE_CODE.findall(text))), None)
+
+
 def _flag_named(lines: Sequence[_Line]) -> Diagnosis | None:
     for line in lines:
-        raised = _RAISED.match(line.text.strip().strip("`*")) if line.may_be_error else None
+        raised = _raised_in(line.text) if line.may_be_error else None
         if raised is None or raised.group("type") != "ValueError":
             continue
         flags = _names_of_settings(raised.group("message"))
@@ -1598,7 +1627,7 @@ def rejected_flags(diagnosis: Diagnosis) -> tuple[str, ...]:
             # pydantic names the field on its own line; "Value error, ..." lines name none.
             field_line = diagnosis.root_cause[position + 1]
             return (field_line,) if re.fullmatch(r"[\w.]+", field_line) else ()
-        raised = _RAISED.match(text.strip("`*"))
+        raised = _raised_in(text)
         if raised and raised.group("type") == "ValueError" and _names_of_settings(raised.group("message")):
             return _names_of_settings(raised.group("message"))
     return ()

@@ -1264,6 +1264,10 @@ def test_the_held_out_split_is_the_hash_rule_over_the_issue_23_batch() -> None:
     blind5 = [name for name, entry in INDEX.items() if entry.get("batch") == "issue23-blind5"]
     held5 = [name for name in blind5 if score.is_held_out(name, INDEX[name])]  # type: ignore[attr-defined]
     assert len(blind5) == 36 and len(held5) == 14
+    # And blind batch 6: 3 of its 26 logs are held out.
+    blind6 = [name for name, entry in INDEX.items() if entry.get("batch") == "issue23-blind6"]
+    held6 = [name for name in blind6 if score.is_held_out(name, INDEX[name])]  # type: ignore[attr-defined]
+    assert len(blind6) == 26 and len(held6) == 3
 
 
 def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.CaptureFixture[str]) -> None:
@@ -1294,7 +1298,11 @@ def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.Captu
     # rules (3 seen before them), the held-out third 12/14 both before and after.
     assert "blind batch 5, in-sample two thirds (collected after the rules froze a fifth time): 17/22 logs right" in out
     assert "blind batch 5, held-out third: 12/14 logs right" in out
-    assert "never fitted, together: 94/100 logs right" in out
+    # Blind batch 6, frozen at BLIND6_RULES_SHA256 (20/26): the in-sample two thirds 18/23 -> 19/23 with round 6's
+    # rules (2 seen before them, one a phase only), the held-out third 2/3 both before and after.
+    assert "blind batch 6, in-sample two thirds (collected after the rules froze a sixth time): 19/23 logs right" in out
+    assert "blind batch 6, held-out third: 2/3 logs right" in out
+    assert "never fitted, together: 96/103 logs right" in out
 
 
 # --- round 4: lines as they reach users, configuration checks by where they raise --------------------------------
@@ -1456,3 +1464,38 @@ def test_the_0_18_graph_profiling_hint_gives_current_and_suggested_utilization()
     assert (memory.gpu_memory_utilization, memory.suggested_utilization) == (0.7, 0.7021)
     assert memory.graph_pool_estimate_gib == 0.26
     assert find_memory_error(log("gpu-0.18-started-graph-hint-pr30515.log")) is None
+
+
+# --- round 6: rules written on blind batch 6's in-sample two thirds ------------------------------------------------
+
+
+def test_a_milestone_in_rays_deduplicated_summary_after_the_error_gives_the_phase() -> None:
+    # Ray prints the other workers' copies of a record late, as one "[repeated 7x across cluster]" line: QwenLM/Qwen#819
+    # shows the OOM first and the workers' "Capturing the model for CUDA graphs" summary after it (blind 6, in-sample).
+    diagnosis = classify_failure(log("gpu-0.2-graph-capture-oom-ray-4090-qwen819.log"), 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("cuda_oom", "graph_capture")
+    error = "RuntimeError: CUDA error: out of memory\n"
+    capture = "(RayWorkerVllm pid=1) INFO 12-18 21:44:36 model_runner.py:394] Capturing the model for CUDA graphs."
+    assert classify_failure(error + capture + " [repeated 7x across cluster]\n", 1).phase == "graph_capture"
+    # Without Ray's summary mark a record after the error is not evidence of the step before it.
+    assert classify_failure(error + capture + "\n", 1).phase is None
+    # Nor is a summary far below the error, or one when a record before the error names the step.
+    far = error + "x\n" * 8 + capture + " [repeated 7x across cluster]\n"
+    assert classify_failure(far, 1).phase is None
+    loading = "INFO 12-18 21:44:30 model_runner.py:80] Loading model weights took 13.5 GB\n"
+    before = loading + error + capture + " [repeated 7x across cluster]\n"
+    assert classify_failure(before, 1).phase == "profiling"
+
+
+def test_an_exception_quoted_as_inline_code_in_a_sentence_is_read() -> None:
+    # vllm#1400: "With the following code, I receive a `ValueError: Bfloat16 is only supported ...`" (blind 6).
+    diagnosis = classify_failure(log("gpu-0.2-bfloat16-t4-prose-1400.log"), 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("bad_flag", "arguments")
+    assert rejected_flags(diagnosis) == ("dtype",)
+    closed = (
+        "I get `ValueError: Total number of attention heads (52) must be divisible by tensor parallel size (8).` here"
+    )
+    assert rejected_flags(classify_failure(closed, 1)) == ("tensor_parallel_size",)
+    # Inline code that holds no exception, or an exception naming no setting, is still a crash.
+    assert classify_failure("I ran `vllm serve --dtype bfloat16` and it died\n", 1).kind == "crash"
+    assert classify_failure("I got `ValueError: the tokenizer is broken`\n", 1).kind == "crash"

@@ -20,7 +20,9 @@ Three scores are printed:
   (BLIND4_RULES_SHA256), split by the same hash rule: the held-out third is reported on its own line, the other two
   thirds are in-sample (round 4's later rules were improved on them, so they do not count as never fitted);
 - blind 5: more logs (`"batch": "issue23-blind5"`) collected after the rules were frozen a fifth time
-  (BLIND5_RULES_SHA256), split and reported like blind 4.
+  (BLIND5_RULES_SHA256), split and reported like blind 4;
+- blind 6: more logs (`"batch": "issue23-blind6"`) collected after the rules were frozen a sixth time
+  (BLIND6_RULES_SHA256, the diagnose.py of round 5's end), split and reported like blind 4.
 Entries with `seen_before_rule` were missed by the rules they were first scored with and passed only after a later
 rule was written with them in view: their pass is not a blind result, and each line says how many of them it holds.
 The script prints the SHA-256 of the diagnose.py it scored, so a blind figure can be matched to its frozen rules.
@@ -62,6 +64,10 @@ BLIND4_RULES_SHA256 = "17c6cb9e2c2dd93b934c7478205d0c8efb2e291fbcb8ef97c9eb33927
 # split in thirds by the same hash rule as batch 4.
 BLIND5_BATCH = "issue23-blind5"
 BLIND5_RULES_SHA256 = "37d8cddfed97dd45caa8c91b5f51630bff6da5221f268bb8b7f133b367c8faee"
+# The sixth blind batch: frozen again (this diagnose.py, round 5's final rules) before any of its logs was collected;
+# split in thirds by the same hash rule as batch 4.
+BLIND6_BATCH = "issue23-blind6"
+BLIND6_RULES_SHA256 = "8af206fe1a962db3faa9bc0eed2a83f846151c6b5e6ab82394576a270639414a"
 _OLD_PHASE_WORDS = (
     ("while profiling", "profiling"),
     ("while allocating the KV cache", "kv_cache_allocation"),
@@ -73,10 +79,10 @@ _OLD_PHASE_WORDS = (
 
 
 def is_held_out(name: str, entry: dict[str, Any]) -> bool:
-    """The split rule, fixed before the issue-23 logs were scored: a third of that batch (and of blind batches 4 and
-    5), by a hash of the name."""
+    """The split rule, fixed before the issue-23 logs were scored: a third of that batch (and of blind batches 4, 5
+    and 6), by a hash of the name."""
     return (
-        entry.get("batch") in (HELD_OUT_BATCH, BLIND4_BATCH, BLIND5_BATCH)
+        entry.get("batch") in (HELD_OUT_BATCH, BLIND4_BATCH, BLIND5_BATCH, BLIND6_BATCH)
         and int(hashlib.sha256(name.encode()).hexdigest(), 16) % 3 == 0
     )
 
@@ -161,7 +167,12 @@ def main(argv: list[str]) -> int:
     corpus, held_out, blind, blind2, blind3 = Score(), Score(), Score(), Score(), Score()
     blind4_in, blind4_held = Score(), Score()
     blind5_in, blind5_held = Score(), Score()
-    split = {BLIND4_BATCH: (blind4_in, blind4_held), BLIND5_BATCH: (blind5_in, blind5_held)}
+    blind6_in, blind6_held = Score(), Score()
+    split = {
+        BLIND4_BATCH: (blind4_in, blind4_held),
+        BLIND5_BATCH: (blind5_in, blind5_held),
+        BLIND6_BATCH: (blind6_in, blind6_held),
+    }
     sets = {BLIND_BATCH: blind, BLIND2_BATCH: blind2, BLIND3_BATCH: blind3}
     for name, entry in index.items():
         if entry.get("batch") in split:
@@ -171,9 +182,9 @@ def main(argv: list[str]) -> int:
             chosen = sets.get(entry.get("batch", ""), held_out if is_held_out(name, entry) else corpus)
         score_entry(module, name, entry, chosen)
     if "-v" in argv:
-        print("\n".join(corpus.misses + blind4_in.misses + blind5_in.misses))
+        print("\n".join(corpus.misses + blind4_in.misses + blind5_in.misses + blind6_in.misses))
     if "--held-out-misses" in argv:
-        held_out_sets = (held_out, blind, blind2, blind3, blind4_held, blind5_held)
+        held_out_sets = (held_out, blind, blind2, blind3, blind4_held, blind5_held, blind6_held)
         print("\n".join(miss for part in held_out_sets for miss in part.misses))
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     frozen = {
@@ -182,6 +193,7 @@ def main(argv: list[str]) -> int:
         BLIND3_RULES_SHA256: " (the rules frozen for blind batch 3)",
         BLIND4_RULES_SHA256: " (the rules frozen for blind batch 4)",
         BLIND5_RULES_SHA256: " (the rules frozen for blind batch 5)",
+        BLIND6_RULES_SHA256: " (the rules frozen for blind batch 6)",
     }
     print(f"rules scored: {path.name} sha256 {digest[:12]}{frozen.get(digest, '')}")
     print(corpus.line("corpus"))
@@ -193,7 +205,9 @@ def main(argv: list[str]) -> int:
     print(blind4_held.line("blind batch 4, held-out third"))
     print(blind5_in.line("blind batch 5, in-sample two thirds (collected after the rules froze a fifth time)"))
     print(blind5_held.line("blind batch 5, held-out third"))
-    parts = (held_out, blind, blind2, blind3, blind4_held, blind5_held)
+    print(blind6_in.line("blind batch 6, in-sample two thirds (collected after the rules froze a sixth time)"))
+    print(blind6_held.line("blind batch 6, held-out third"))
+    parts = (held_out, blind, blind2, blind3, blind4_held, blind5_held, blind6_held)
     total = Score(
         *(
             sum(getattr(part, name) for part in parts)
