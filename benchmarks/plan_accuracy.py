@@ -39,6 +39,11 @@ SECOND_COLLECTION = "issue24-second-2026-12-02"
 # (memory_plan.profile_sampler_path, memory_plan.pre_hopper) were written after its one run, from vLLM's source,
 # and checked on its fit-split rows: those are in-sample from then on; its held-out rows stay out of sample.
 THIRD_COLLECTION = "issue24-third-2026-12-02"
+# The fourth (the first T4 and RTX 4090 rows): after its one run, the V0 sampler rule (memory_plan.v0_engine: V0's
+# profile run sorts the logits too) was written from vLLM's source and checked on its fit-split rows, which are
+# in-sample from then on; its held-out rows stay out of sample.
+FOURTH_COLLECTION = "issue24-fourth-2026-12-02"
+SAMPLER_RULE_COLLECTIONS = (THIRD_COLLECTION, FOURTH_COLLECTION)
 # The hybrid (Gated DeltaNet) KV rules were written after the second collection, and checked on its fit-split rows:
 # those rows are in-sample for the rules from then on; its held-out rows stay out of sample (planned once, at the end).
 HYBRID_RULES_CHECKED_ON = SECOND_COLLECTION
@@ -308,7 +313,7 @@ def _hybrid_rule_row(entry: dict[str, Any]) -> bool:
 
 def _sampler_rule_row(entry: dict[str, Any]) -> bool:
     """A fit-split row of the collection the sampler and mxfp4 backend rules were checked on (read writing them)."""
-    return entry.get("collection") == THIRD_COLLECTION and entry.get("split", "fit") == "fit"
+    return entry.get("collection") in SAMPLER_RULE_COLLECTIONS and entry.get("split", "fit") == "fit"
 
 
 def _calibrated_from_sibling(data: dict[str, Any], entry: dict[str, Any]) -> tuple[str, Plan] | None:
@@ -418,6 +423,8 @@ def run_gpu(out: Path | None, show_holdout: bool = True) -> int:
             row["set"] = "out of sample: found after the rules were written"
         elif row["hybrid_rule_row"]:
             row["set"] = "in-sample: 2nd 2026-12-02 collection, fit split, read while writing the hybrid KV rules"
+        elif row["sampler_rule_row"] and row["collection"] == FOURTH_COLLECTION:
+            row["set"] = "in-sample: 4th 2026-12-02 collection, fit split, read while writing the V0 sampler rule"
         elif row["sampler_rule_row"]:
             row["set"] = "in-sample: 3rd 2026-12-02 collection, fit split, read while writing the sampler rules"
         elif row["used_for_fit"]:
@@ -441,7 +448,7 @@ def run_gpu(out: Path | None, show_holdout: bool = True) -> int:
         _print_table(
             "rows by collection (each split by the hash rule before it was planned)", tables["collection"], "collection"
         )
-        for collection in (SECOND_COLLECTION, THIRD_COLLECTION):
+        for collection in (SECOND_COLLECTION, THIRD_COLLECTION, FOURTH_COLLECTION):
             _print_collection_splits(rows, collection)
     fit = [r for r in rows if not r["out_of_sample"]]
     _print_table("in-sample rows by release family", _table(fit, "release_family"), "release_family")

@@ -291,18 +291,47 @@ def pre_hopper(card_name: str) -> bool:
 # sort runs by default; 0.17.0 added the Triton path. Startup logs say which ran ("Using FlashInfer for top-p & top-k
 # sampling" / "Falling back to the PyTorch-native implementation of top-p & top-k sampling").
 
+#
+# vLLM's V0 engine sorts too: its profile run (`worker/model_runner.py` `profile_run`, read in 0.6.6.post1) samples its
+# max_num_seqs dummy sequences with `SamplingParams(top_p=0.99, top_k=vocab_size - 1)` "to reflect the accurate memory
+# usage", and its Sampler's `_apply_top_k_top_p` sorts the float32 logits over the whole vocabulary. V0 is every
+# release before 0.8, and 0.8-0.9 fall back to it with VLLM_USE_V1=0 or on cards below compute capability 8.0
+# (`arg_utils.py`: "Compute Capability < 8.0 is not supported by the V1 Engine. Falling back to V0"); 0.10 removed it.
+
 # Bytes live per (dummy request x vocabulary entry) while the native sort runs (above).
 NATIVE_SORT_BYTES_PER_LOGIT = 38
 FLASHINFER_ENV = "VLLM_USE_FLASHINFER_SAMPLER"
+# Cards below compute capability 8.0 (Turing sm75, Volta sm70, Pascal sm60/61), by the names CUDA gives them.
+PRE_AMPERE_NAMES = ("t4", "v100", "p100", "p40", "titan v", "titan rtx", "quadro rtx", "2080", "2070", "2060")
 
 SamplerPath = Literal["native", "flashinfer_or_native", "no_sort"]
 
 
-def profile_sampler_path(version: str | None, env: Mapping[str, str]) -> SamplerPath:
+def pre_ampere(card_name: str) -> bool:
+    """A card below compute capability 8.0 (T4, V100, RTX 20xx), by its name: vLLM 0.8-0.9 run it on the V0 engine."""
+    words = card_name.lower().replace("-", " ").split()
+    name = " ".join(words)
+    return any(key in words or (" " in key and key in name) for key in PRE_AMPERE_NAMES) or any(
+        word.startswith(("v100", "p100", "2080", "2070", "2060")) for word in words
+    )
+
+
+def v0_engine(version: str | None, env: Mapping[str, str], card_name: str = "") -> bool:
+    """Whether the release profiles on vLLM's V0 engine (above): before 0.8, or 0.8-0.9 with VLLM_USE_V1=0 or on a
+    card below compute capability 8.0."""
+    patch = patch_release(version)
+    if patch is None or patch >= (0, 10, 0):
+        return False
+    return patch < (0, 8, 0) or env.get("VLLM_USE_V1", "").strip() == "0" or pre_ampere(card_name)
+
+
+def profile_sampler_path(version: str | None, env: Mapping[str, str], card_name: str = "") -> SamplerPath:
     """The top-k/top-p kernel the profile's dummy sampler pass runs on a CUDA card."""
+    if v0_engine(version, env, card_name):
+        return "native"  # V0's Sampler sorts (above)
     patch = patch_release(version)
     if patch is None or not (0, 10, 0) <= patch < (0, 17, 0):
-        return "no_sort"  # 0.17+: Triton top-k/top-p; before 0.10 the plan keeps its fitted V0/V1 terms
+        return "no_sort"  # 0.17+: Triton top-k/top-p; V1 0.8-0.9 keeps the plan's fitted forward term
     flag = env.get(FLASHINFER_ENV, "").strip()
     if flag == "1":
         return "no_sort"
@@ -341,16 +370,22 @@ def gpu_activation(
     ) * dtype
     logits = max_num_seqs * info.vocab_size * 4 * 2
     base = _scaled(int(batched_tokens * per_token + logits), 0.5, 2.5, floor=GIB // 4)
-    return _with_sampler_sort(base, info, vllm_version, env or {}, max_num_seqs, batched_tokens)
+    return _with_sampler_sort(base, info, vllm_version, env or {}, max_num_seqs, batched_tokens, card_name)
 
 
 def _with_sampler_sort(
-    base: Estimate, info: ModelInfo, version: str | None, env: Mapping[str, str], seqs: int, batched: int
+    base: Estimate,
+    info: ModelInfo,
+    version: str | None,
+    env: Mapping[str, str],
+    seqs: int,
+    batched: int,
+    card_name: str = "",
 ) -> Estimate:
     """The activation peak where the profile's sampler pass may sort the logits: the larger of the forward pass and
     the sort (they do not overlap). Multimodal models keep the forward estimate: Mistral-Small-3.2 on vLLM 0.11
     profiled 2.12 GiB at 1024 sequences, not the sort's 4.75 (why is not established)."""
-    path = profile_sampler_path(version, env)
+    path = profile_sampler_path(version, env, card_name)
     if path == "no_sort" or info.vision_params:
         return base
     sort = native_sort_bytes(info.vocab_size, max_num_seqs=seqs, batched_tokens=batched)

@@ -54,3 +54,14 @@ def test_the_third_collection_names_its_cards_and_how_each_release_is_known() ->
         assert row["collected_after_rules"] is True, row["id"]
         assert row["version_basis"].startswith("stated"), row["id"]
         assert row["logged"].get("kv_cache_gib") or row["logged"].get("kv_tokens"), row["id"]
+
+
+def test_the_fourth_collection_brings_t4_and_rtx_4090_rows_with_their_release_basis() -> None:
+    rows = [r for r in _data()["startups"] if r.get("collection") == "issue24-fourth-2026-12-02"]
+    assert len(rows) == 2
+    assert {r["gpu"] for r in rows} == {"Tesla T4", "RTX 4090"}
+    for row in rows:
+        assert row["collected_after_rules"] is True, row["id"]
+        basis = row["version_basis"]
+        assert basis.startswith("stated") or basis.startswith("era: "), row["id"]
+        assert row["logged"].get("kv_cache_gib") or row["logged"].get("kv_tokens"), row["id"]

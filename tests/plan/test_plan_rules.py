@@ -4,27 +4,21 @@ transformers' class defaults, the derived max_model_len. Each of these failed on
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+from gpu_startups import MODELS, model
 
 from pytest_vllm_mem.plan.batch_defaults import batch_defaults
 from pytest_vllm_mem.plan.config_defaults import transformers_available
 from pytest_vllm_mem.plan.errors import PlanRefused, PlanUnsupported
 from pytest_vllm_mem.plan.memory_plan import GIB, Card, pipeline_stages, plan
-from pytest_vllm_mem.plan.modelinfo import ModelInfo, model_info_from_config
+from pytest_vllm_mem.plan.modelinfo import model_info_from_config
 from pytest_vllm_mem.plan.weights import architecture_weight_bytes
 
-DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "gpu_startups.json"
-MODELS: dict[str, Any] = json.loads(DATA.read_text())["models"]
 H100 = Card("cuda", "H100 80GB", int(79.19 * GIB))
-
-
-def model(name: str) -> ModelInfo:
-    return model_info_from_config(MODELS[name]["config"], name=name)
 
 
 def kv_plan(name: str, flags: dict[str, Any], logged_kv_gib: float, version: str = "0.19.0") -> Any:

@@ -5,11 +5,10 @@ vLLM 0.10.1 were planned 14-70% short of the KV cache they logged."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
+from gpu_startups import model
 
 from pytest_vllm_mem.plan.memory_plan import (
     GIB,
@@ -20,16 +19,9 @@ from pytest_vllm_mem.plan.memory_plan import (
     pre_hopper,
     profile_sampler_path,
 )
-from pytest_vllm_mem.plan.modelinfo import ModelInfo, model_info_from_config
 
-DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "gpu_startups.json"
-MODELS: dict[str, Any] = json.loads(DATA.read_text())["models"]
 A100 = Card("cuda", "A100 80GB", int(79.25 * GIB))
 FLASHINFER = {"VLLM_USE_FLASHINFER_SAMPLER": "1"}
-
-
-def model(name: str) -> ModelInfo:
-    return model_info_from_config(MODELS[name]["config"], name=name)
 
 
 @pytest.mark.parametrize(
