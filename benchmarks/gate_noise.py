@@ -575,14 +575,23 @@ def _quiet(loads: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [dict(load) for load in quiet_loads(loads)]
 
 
-def cases(sames: list[list[dict[str, Any]]], repeat: int, history: bool, busy_aware: bool = False) -> list[Case]:
+def cases(
+    sames: list[list[dict[str, Any]]],
+    repeat: int,
+    history: bool,
+    busy_aware: bool = False,
+    fresh_sessions: int | None = None,
+) -> list[Case]:
     """Every (baseline, later run) pair of same-config sessions of each collection. history=False: the baseline
     recorded once from one session (a new user's first record); True: refreshed over the sessions before it (up to
     KEEP_HISTORY, at least MIN_EARLIER), as the replay above. Only runs followed by CONFIRM_SESSIONS more sessions
     (a confirmation's fresh servers) are cases. `busy_aware`: baselines recorded from the quiet loads (Gate.entries),
     and a confirmation's fresh servers are the later sessions not wholly run beside a busy neighbour (the plugin waits
-    for the runner to quiet down before measuring them)."""
+    for the runner to quiet down before measuring them). `fresh_sessions`: how many later sessions a case needs
+    (CONFIRM_SESSIONS by default)."""
     from pytest_vllm_mem.baseline.noise import CONFIRM_SESSIONS
+
+    needed = CONFIRM_SESSIONS if fresh_sessions is None else fresh_sessions
 
     out = []
     for same in sames:
@@ -603,8 +612,8 @@ def cases(sames: list[list[dict[str, Any]]], repeat: int, history: bool, busy_aw
                 runs = [(s, r) for s in same[j + 1 :] if (r := _run(s, repeat)) is not None]
                 if busy_aware:
                     runs = [(s, r) for s, r in runs if not all(map(_busy, r))]
-                fresh = runs[:CONFIRM_SESSIONS]
-                if len(fresh) < CONFIRM_SESSIONS:
+                fresh = runs[:needed]
+                if len(fresh) < needed:
                     continue  # a confirmation here would have had fewer fresh servers than the plugin starts
                 out.append(Case(entry, later, loads[:repeat], fresh, _pooled(sames, later, repeat)))
     return out
@@ -619,15 +628,23 @@ def verdict(
     alpha: float | None = None,
     pooled: bool = False,
     busy_aware: bool = False,
+    fresh_sessions: int | None = None,
 ) -> tuple[list[Any], int]:
     """(failing comparisons, fresh servers started) for one test of a suite of `families` tests, through the plugin's
     own pieces: the judge at the suite's share (Gate.plan), compare, gate_failures and the confirmation rule of
     Gate.evaluate (noise.confirm_on_fresh_sessions: a suspect family re-measured on up to CONFIRM_SESSIONS fresh
     servers, here the sessions that came after the run). `pooled`: the judge has the pooled spreads of the suite's
-    other tests (Gate._pool_priors). `busy_aware`: judged on the quiet loads where there are any (TestRecord.quiet)."""
+    other tests (Gate._pool_priors). `busy_aware`: judged on the quiet loads where there are any (TestRecord.quiet).
+    `fresh_sessions`: the most fresh servers a confirmation starts (--vllm-confirm-sessions; CONFIRM_SESSIONS)."""
     from pytest_vllm_mem.baseline.compare import compare, gate_failures
     from pytest_vllm_mem.baseline.metrics import resolve_tolerances
-    from pytest_vllm_mem.baseline.noise import DEFAULT_ALPHA, NoiseJudge, SuiteLevel, confirm_on_fresh_sessions
+    from pytest_vllm_mem.baseline.noise import (
+        CONFIRM_SESSIONS,
+        DEFAULT_ALPHA,
+        NoiseJudge,
+        SuiteLevel,
+        confirm_on_fresh_sessions,
+    )
 
     level = SuiteLevel(DEFAULT_ALPHA if alpha is None else alpha, families=families)
     judge = NoiseJudge(alpha=level.per_comparison, priors=case.pooled if pooled else {})
@@ -655,7 +672,8 @@ def verdict(
     plain = [c for c in gate_failures(comparisons, False) if not c.confirmable]
     sessions = 1
     if confirm and not plain:
-        comparisons, sessions = confirm_on_fresh_sessions(comparisons, rerun)
+        most = CONFIRM_SESSIONS if fresh_sessions is None else fresh_sessions
+        comparisons, sessions = confirm_on_fresh_sessions(comparisons, rerun, most)
     return gate_failures(comparisons, False), sessions - 1
 
 
@@ -721,6 +739,41 @@ def targets(collections: list[dict[str, Any]], seed: int = 25) -> dict[str, Any]
     return out
 
 
+CONFIRM_COUNTS = (2, 3, 4)
+
+
+def confirm_sweep(collections: list[dict[str, Any]], repeat: int = 3) -> dict[str, Any]:
+    """The cost and the gain of more fresh servers per confirmation (--vllm-confirm-sessions), on the same cases
+    (those with max(CONFIRM_COUNTS) later sessions, baselines with a history): per count, the healthy tests of a
+    20-test suite that fail, the fresh servers a healthy 20-test run starts, and how often a 30% throughput drop
+    (more work, or more waiting) in one test is caught, with the fresh servers that took."""
+    sames = [[s for s in data["sessions"] if s["name"].startswith(SAME)] for data in collections]
+    pool = cases(sames, repeat, history=True, fresh_sessions=max(CONFIRM_COUNTS))
+    out: dict[str, Any] = {"cases": len(pool), "repeat": repeat}
+    for count in CONFIRM_COUNTS:
+
+        def judged(
+            change: Callable[[dict[str, Any]], dict[str, Any]] | None, most: int = count
+        ) -> list[tuple[list[Any], int]]:
+            return [
+                verdict(case, SUITE_TESTS, confirm=True, pooled=True, change=change, fresh_sessions=most)
+                for case in pool
+            ]
+
+        healthy = judged(None)
+        row = {
+            "healthy tests failed": sum(bool(f) for f, _ in healthy),
+            "fresh servers per healthy 20-test run": SUITE_TESTS * sum(r for _, r in healthy) / max(len(pool), 1),
+        }
+        for more_work in (True, False):
+            slow = judged(lambda load, mw=more_work: slower(load, 0.30, mw))  # type: ignore[misc]
+            kind = "more work" if more_work else "more waiting"
+            row[f"-30% {kind} caught"] = sum(any(c.metric in NOISY for c in f) for f, _ in slow)
+            row[f"-30% {kind} fresh servers"] = sum(r for _, r in slow)
+        out[f"confirm sessions {count}"] = row
+    return out
+
+
 def print_targets(figures: dict[str, Any]) -> None:
     print("\nissue 25 targets (suite-level control, confirmation); cases = (baseline, later run) pairs")
     for key, row in figures.items():
@@ -730,7 +783,10 @@ def print_targets(figures: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--targets":
+    if len(sys.argv) > 1 and sys.argv[1] == "--confirm-sweep":
+        # python benchmarks/gate_noise.py --confirm-sweep benchmarks/data/gate_noise_ci_*.json
+        print(json.dumps(confirm_sweep([json.loads(Path(name).read_text()) for name in sys.argv[2:]]), indent=1))
+    elif len(sys.argv) > 1 and sys.argv[1] == "--targets":
         # python benchmarks/gate_noise.py --targets [--json OUT] benchmarks/data/gate_noise_ci_*.json
         names = sys.argv[2:]
         out_path = None
