@@ -8,6 +8,8 @@ import json
 import pytest
 from e2e import record, run_inner
 
+from pytest_vllm_mem.baseline.metrics import coalesced_load
+
 pytestmark = pytest.mark.e2e
 
 INNER = """
@@ -81,7 +83,8 @@ def test_core_contract(pytester: pytest.Pytester) -> None:
     assert load["completed"] == 48 and load["failed"] == 0
     assert metrics["output_throughput"] > 0 and metrics["request_throughput"] > 0
     assert 0 < load["ttft_ms"]["p50"] <= load["ttft_ms"]["p99"]
-    assert load["tpot_ms"]["p50"] > 0 and load["e2el_ms"]["p50"] > 0
+    # A TPOT of 0 is a real reading when the starved client got a request's tokens in one read (metrics.coalesced_load).
+    assert (load["tpot_ms"]["p50"] > 0 or coalesced_load(load)) and load["e2el_ms"]["p50"] > 0
     assert load["peak_memory_bytes"] > 100 * 2**20 and fits["startup"]["peak_memory_bytes"] > 100 * 2**20
     assert fits["memory"]["kv_cache_tokens"] > 0 and fits["memory"]["vllm_version"]
     # Equal configs share one server: two failures and one healthy server means three startups would be a bug.
