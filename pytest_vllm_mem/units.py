@@ -96,11 +96,12 @@ def format_number(value: float, decimals: int = 1) -> str:
 
 
 def format_quantity(value: float, unit: str, *, trim: bool = False) -> str:
-    """A value in its metric's unit: bytes as GiB/MiB, tokens as whole numbers, ms and rates with one decimal."""
+    """A value in its metric's unit: bytes as GiB/MiB, tokens and blocks as whole numbers, ms and rates with one
+    decimal."""
     if unit == "bytes":
         return format_bytes(value, trim=trim)
-    if unit == "tokens":
-        return f"{format_number(value, 0)} tokens"
+    if unit in ("tokens", "blocks"):
+        return f"{format_number(value, 0)} {unit}"
     text = format_number(value, 1)
     if trim and text.endswith(".0"):
         text = text[:-2]

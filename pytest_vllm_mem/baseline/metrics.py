@@ -241,6 +241,18 @@ METRICS: dict[str, Metric] = {
             kv_sized=True,
             opt_in=True,
         ),
+        # The pool's blocks (V1 reports them on /metrics only). Their size is the release's and the backend's choice
+        # (hybrid models raise it to one state page), so a change of block size moves the count with the same GiB:
+        # reported, and gated only when asked, as the token line.
+        _figure(
+            "kv_cache_blocks",
+            "blocks",
+            True,
+            "KV cache blocks vLLM allocated (its /metrics cache_config_info, or V0's '# GPU blocks' line)",
+            ("memory", "kv_cache_blocks"),
+            kv_sized=True,
+            opt_in=True,
+        ),
         _figure(
             "max_concurrency",
             "x",

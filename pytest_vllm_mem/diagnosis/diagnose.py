@@ -220,6 +220,9 @@ class StartupMemory:
     weights_load_s: float | None = None
     kv_cache_gib: float | None = None
     kv_cache_tokens: int | None = None
+    # The pool's blocks: V0's "# GPU blocks: N" line, or (V1, which logs none) vLLM's /metrics after the server is up
+    # (server_metrics.kv_cache_blocks, read by launch).
+    kv_cache_blocks: int | None = None
     max_concurrency: float | None = None
     max_concurrency_tokens: int | None = None
     graph_capture_gib: float | None = None
@@ -253,6 +256,8 @@ _CPU_KV = re.compile(rf"(?:Auto|Explicitly) set \(({_NUM})/({_NUM})\) GiB for KV
 _CPU_REQUESTED = re.compile(rf"with ({_NUM}) GiB requested memory for the worker")
 _CPU_NON_KV = re.compile(rf"({_NUM}) GiB memory was consumed by non-kv usages")
 _KV_TOKENS = re.compile(rf"KV cache size:\s*({_INT})\s*tokens")
+# V0's executor: "# GPU blocks: 2361, # CPU blocks: 512" (0.2's "# cuda blocks").
+_V0_BLOCKS = re.compile(r"# (?:GPU|CUDA|cuda) blocks: (\d+)\b")
 _CONCURRENCY = re.compile(rf"Maximum concurrency for\s*({_INT})\s*tokens per request:\s*({_NUM})x")
 _GRAPHS = re.compile(rf"Graph capturing finished in\s*({_NUM})\s*secs?,\s*took\s*({_NUM})\s*GiB")
 _ENGINE_INIT = re.compile(rf"init engine \(profile, create kv cache, warmup model\) took\s*({_NUM})\s*s")
@@ -429,6 +434,7 @@ def parse_startup_memory(log_text: str) -> StartupMemory:
         any(grab(pattern, *fields) for pattern, fields in wordings)  # the first wording the log has
     grab(_CPU_REQUESTED, ("requested_gib", float))
     grab(_CPU_NON_KV, ("non_kv_gib", float))
+    grab(_V0_BLOCKS, ("kv_cache_blocks", _int))
     grab(_CONCURRENCY, ("max_concurrency_tokens", _int), ("max_concurrency", float))
     totals = _first(lines, _GPU_TOTALS, wrapped=True)
     if totals:
@@ -1186,8 +1192,7 @@ _V0_NO_BLOCKS = re.compile(r"# (?:GPU|CUDA|cuda) blocks: 0\b")
 # V0 then checks that the blocks hold one max_model_len sequence (block_size * num_gpu_blocks >= max_model_len, in
 # raise_if_cache_size_invalid and 0.2's _init_cache) and raises "The model's max seq len ... is larger than the
 # maximum number of tokens that can be stored in KV cache" when they do not. Its engine line prints max_seq_len; the
-# block size is CacheConfig's default unless the log names one.
-_V0_BLOCKS = re.compile(r"# (?:GPU|CUDA|cuda) blocks: (\d+)\b")
+# block size is CacheConfig's default unless the log names one. (_V0_BLOCKS: with the startup figures above.)
 _V0_MAX_SEQ_LEN = re.compile(r"\bmax_seq_len=(\d+)")
 _BLOCK_SIZE = re.compile(r"\bblock_size\W{1,4}(\d+)\b")
 _DEFAULT_BLOCK_SIZE = 16

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Protocol, TypeVar
 
@@ -35,6 +35,7 @@ from pytest_vllm_mem.diagnosis.diagnose import (
     phase_words,
     timeout_diagnosis,
 )
+from pytest_vllm_mem.diagnosis.server_metrics import kv_cache_blocks
 from pytest_vllm_mem.kinds import FailureKind
 from pytest_vllm_mem.launch.compile_cache import compile_cache_env, note_aot_load_failure
 from pytest_vllm_mem.launch.devicelock import DeviceLockError, startup_lock
@@ -558,6 +559,8 @@ def _await_startup(server: VLLMServer, settings: LaunchSettings, advise: Advise 
     startup_log = server.log_text()
     note_aot_load_failure(settings.cache_root, settings.vllm_version, startup_log)
     memory = parse_startup_memory(startup_log)
+    if diagnosis is None and memory.kv_cache_blocks is None:
+        memory = replace(memory, kv_cache_blocks=_served_kv_blocks(server.url))
     peak = sampler.peak_between(started_at)
     per_gpu = sampler.device_peaks_between(started_at) if server.device.backend == "cuda" else ()
     missed = sampler.missed_note()
@@ -580,6 +583,15 @@ def _await_startup(server: VLLMServer, settings: LaunchSettings, advise: Advise 
     raise VLLMStartupError(
         diagnosis, server.launched, server.log_path, outcome, advice, config=server.config, server=server, memory=memory
     )
+
+
+def _served_kv_blocks(url: str) -> int | None:
+    """The KV cache's blocks a healthy server reports on /metrics (V1 logs none); None when it does not answer."""
+    try:
+        response = requests.get(f"{url}/metrics", timeout=5)
+    except requests.RequestException:
+        return None
+    return kv_cache_blocks(response.text) if response.status_code == 200 else None
 
 
 def _wait_healthy(

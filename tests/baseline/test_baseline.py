@@ -134,7 +134,10 @@ def test_parse_tolerance_spec() -> None:
 @pytest.mark.parametrize(
     "text, fragment",
     [
-        ("throughput=15%", "Known metrics: kv_cache_memory, kv_cache_tokens, startup_peak_memory, load_peak_memory"),
+        (
+            "throughput=15%",
+            "Known metrics: kv_cache_memory, kv_cache_tokens, kv_cache_blocks, startup_peak_memory, load_peak_memory",
+        ),
         ("output_throughput", "is not METRIC=TOLERANCE"),
         ("output_throughput=", "is not METRIC=TOLERANCE"),
         ("output_throughput=5%,output_throughput=6%", "given twice"),
@@ -514,7 +517,7 @@ def test_a_report_only_figure_takes_no_tolerance() -> None:
     message = str(info.value)
     assert (
         "report-only figure" in message
-        and "Gated metrics: kv_cache_memory, kv_cache_tokens, startup_peak_memory" in message
+        and "Gated metrics: kv_cache_memory, kv_cache_tokens, kv_cache_blocks, startup_peak_memory" in message
     )
     with pytest.raises(ToleranceError, match="report-only"):
         parse_tolerance_mapping({"max_concurrency": "5%"})

@@ -87,6 +87,7 @@ def test_core_contract(pytester: pytest.Pytester) -> None:
     assert (load["tpot_ms"]["p50"] > 0 or coalesced_load(load)) and load["e2el_ms"]["p50"] > 0
     assert load["peak_memory_bytes"] > 100 * 2**20 and fits["startup"]["peak_memory_bytes"] > 100 * 2**20
     assert fits["memory"]["kv_cache_tokens"] > 0 and fits["memory"]["vllm_version"]
+    assert fits["memory"]["kv_cache_blocks"] > 0  # from the server's /metrics: V1 logs no block count
     # Equal configs share one server: two failures and one healthy server means three startups would be a bug.
     assert data["server_startups"] == 2
     assert data["leaked_server_pids"] == []

@@ -214,6 +214,22 @@ def test_stop_is_idempotent_and_quick_for_a_dead_server(tmp_path: Path, probe: M
     assert server.pid not in server_module._LIVE
 
 
+# --- Startup figures -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("served", "expected"), [("4321", 4321), (None, None)])
+def test_the_kv_cache_blocks_of_a_healthy_server_come_from_its_metrics(
+    tmp_path: Path, probe: MemoryProbe, stub_env: None, served: str | None, expected: int | None
+) -> None:
+    """V1 logs no block count: the plugin reads vLLM's /metrics once the server is healthy (none served: None)."""
+    config = VLLMConfig("stub-model", env=stub("fake_server.py", **({"FAKE_KV_BLOCKS": served} if served else {})))
+    server = launch(config, config, settings(tmp_path), probe)
+    try:
+        assert server.memory is not None and server.memory.kv_cache_blocks == expected
+    finally:
+        server.stop(5)
+
+
 # --- Ports ----------------------------------------------------------------------------------------------------------
 
 

@@ -1,5 +1,6 @@
 """Stands in for a healthy vLLM server, in well under a second: GET /health, GET /v1/models and streaming
-POST /v1/completions (one token chunk per max_tokens, then a usage chunk), on --host:--port.
+POST /v1/completions (one token chunk per max_tokens, then a usage chunk), on --host:--port. With FAKE_KV_BLOCKS it
+also serves GET /metrics with vLLM's `vllm:cache_config_info` gauge holding that many blocks.
 
 Like vLLM it prints its arguments to the log ("non-default args: ..."), and when the port is taken it dies with
 `OSError: [Errno 98] Address already in use`. It exits on SIGTERM. FAKE_STARTUP_S delays listening (default 0).
@@ -45,6 +46,18 @@ class Handler(BaseHTTPRequestHandler):
             self.send_response(200)
             self.send_header("Content-Length", "0")
             self.end_headers()
+        elif self.path == "/metrics" and os.environ.get("FAKE_KV_BLOCKS"):
+            body = (
+                "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+                "# TYPE vllm:cache_config_info gauge\n"
+                f'vllm:cache_config_info{{block_size="16",engine="0",num_cpu_blocks="None",'
+                f'num_gpu_blocks="{os.environ["FAKE_KV_BLOCKS"]}"}} 1.0\n'
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
         elif self.path == "/v1/models":
             self._json({"object": "list", "data": [{"id": MODEL, "object": "model", "max_model_len": 1024}]})
         else:
