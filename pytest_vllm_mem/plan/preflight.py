@@ -165,6 +165,7 @@ def compare(result: Plan, memory: Mapping[str, Any]) -> dict[str, Any]:
         ("weights_gib", result.weights.value / GIB),
         ("kv_cache_gib", result.kv_bytes.value / GIB),
         ("kv_cache_tokens", float(result.kv_tokens.value)),
+        ("kv_cache_blocks", float(result.kv_blocks)),
         ("graph_capture_gib", result.graph.value / GIB),
     )
     if result.backend == "cpu":

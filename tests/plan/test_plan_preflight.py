@@ -106,11 +106,12 @@ def test_real_run_record_keeps_plan_beside_logged_figures() -> None:
     launched = VLLMConfig("llama", gpu_memory_utilization=0.9)
     state = SessionPlans(reports={launched: result.to_dict()})
     state.plans[launched] = SessionPlan(result, "key", launched, lambda flags: result)
-    logged = {"weights_gib": 12.55, "kv_cache_gib": 5.0, "kv_cache_tokens": 10240}
+    logged = {"weights_gib": 12.55, "kv_cache_gib": 5.0, "kv_cache_tokens": 10240, "kv_cache_blocks": 640}
     record = plan_record(state, launched, logged)
     assert record is not None and record["verdict"] == result.verdict
     side = record["vs_logged"]
     assert side["weights_gib"]["logged"] == 12.55
     assert side["kv_cache_tokens"]["planned"] == result.kv_tokens.value
     assert side["kv_cache_tokens"]["error"] == pytest.approx((result.kv_tokens.value - 10240) / 10240)
+    assert side["kv_cache_blocks"]["planned"] == result.kv_blocks > 0  # the pool's blocks, beside /metrics' count
     assert plan_record(state, VLLMConfig("other"), logged) is None
