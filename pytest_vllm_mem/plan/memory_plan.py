@@ -290,7 +290,6 @@ def pre_hopper(card_name: str) -> bool:
 # `VLLM_USE_FLASHINFER_SAMPLER=0`; 0.11.1-0.16 make FlashInfer opt-in (`VLLM_USE_FLASHINFER_SAMPLER=1`), so the native
 # sort runs by default; 0.17.0 added the Triton path. Startup logs say which ran ("Using FlashInfer for top-p & top-k
 # sampling" / "Falling back to the PyTorch-native implementation of top-p & top-k sampling").
-
 #
 # vLLM's V0 engine sorts too: its profile run (`worker/model_runner.py` `profile_run`, read in 0.6.6.post1) samples its
 # max_num_seqs dummy sequences with `SamplingParams(top_p=0.99, top_k=vocab_size - 1)` "to reflect the accurate memory

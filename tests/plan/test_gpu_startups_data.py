@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 from typing import Any
 
-DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "gpu_startups.json"
+from gpu_startups import DATA
+
 VERDICTS = {"fits", "kv_cache_insufficient", "weights_too_large", "cuda_oom", "refused"}
 
 

@@ -6,13 +6,11 @@ are quoted with their source."""
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
-from gpu_startups import model
+from gpu_startups import MODELS, model
 
 from pytest_vllm_mem.plan.errors import PlanUnsupported
 from pytest_vllm_mem.plan.layers import (
@@ -30,8 +28,7 @@ from pytest_vllm_mem.plan.memory_plan import GIB, Card, plan
 from pytest_vllm_mem.plan.modelinfo import ModelInfo, model_info_from_config
 from pytest_vllm_mem.plan.weights import parameters
 
-DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "gpu_startups.json"
-QWEN27B: dict[str, Any] = json.loads(DATA.read_text())["models"]["Qwen/Qwen3.8-27B"]["config"]
+QWEN27B: dict[str, Any] = MODELS["Qwen/Qwen3.8-27B"]["config"]
 RTX3090 = Card("cuda", "RTX 3090", int(23.56 * GIB), nvlink=False)
 B200 = Card("cuda", "B200", int(178 * GIB))
 # Qwen3.5/3.6/3.8-27B: 16 key heads and 48 value heads of 128 in the Gated DeltaNet layers, conv kernel 4

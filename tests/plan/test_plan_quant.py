@@ -4,20 +4,17 @@ leaves unquantized, and the --quantization names vLLM accepts because the checkp
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
+from gpu_startups import MODELS
 
 from pytest_vllm_mem.plan.errors import PlanRefused
 from pytest_vllm_mem.plan.memory_plan import GIB, Card, plan
 from pytest_vllm_mem.plan.modelinfo import ModelInfo, model_info_from_config
 from pytest_vllm_mem.plan.weights import architecture_weight_bytes, parameters
 
-DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "gpu_startups.json"
-MODELS: dict[str, Any] = json.loads(DATA.read_text())["models"]
 H100 = Card("cuda", "H100 80GB", int(79.19 * GIB))
 LLAMA = MODELS["meta-llama/Llama-3.1-8B-Instruct"]["config"]
 
