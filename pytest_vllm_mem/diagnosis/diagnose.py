@@ -530,6 +530,9 @@ _KV_INSUFFICIENT = re.compile(
     r"No available memory for the cache blocks|KV cache is needed, which is larger than the available KV cache memory"
     r"|max seq len \(\d+\) is larger than the maximum number of tokens that can be stored in KV cache"
     r"|To serve at least one request with the models?'s? max seq len"  # the start survives a wrapped terminal
+    # A hybrid (Mamba / linear-attention) model keeps one state block per running sequence in a pool sized from the
+    # same memory budget as the KV cache; vLLM's compilation config refuses a max_num_seqs the pool cannot hold.
+    r"|exceeds available Mamba cache blocks"
 )
 # torch's allocator ("CUDA out of memory. Tried to allocate"), the runtime ("CUDA error: out of memory"), the driver
 # API behind expandable segments and cumem ("CUDA driver error: out of memory", "CUDA Error: out of memory at"),
@@ -822,9 +825,22 @@ def _ray_summary_phase(lines: Sequence[_Line], hit: _Line) -> str | None:
 _WEIGHTS_READ = re.compile(r"Loading weights took")
 
 
+# A line that is only an ellipsis or a snip mark: whoever pasted the log removed lines there ("...", "…", "[...]",
+# "<snip>"). The steps vLLM logged in the removed part are unknown.
+_ELIDED = re.compile(
+    r"^\s*(?:\.{3,}|…+|\[(?:\.{3,}|…|snip(?:ped)?)\]|\((?:\.{3,}|…)\)|<snip(?:ped)?>)\s*$", re.IGNORECASE
+)
+
+
 def _milestone_phase(lines: Sequence[_Line], end: int) -> str | None:
-    """The phase of the step after the last startup milestone logged before line `end`."""
+    """The phase of the step after the last startup milestone logged before line `end`.
+
+    None when the pasted log marks lines as removed between that milestone and `end`: vLLM may have gone through
+    further steps in the removed part, so the milestone does not date the error.
+    """
     last = next((line for line in reversed(lines[:end]) if startup_milestone(line.text) is not None), None)
+    if last is not None and any(_ELIDED.match(line.text) for line in lines[last.index + 1 : end]):
+        return None
     if last is not None and _WEIGHTS_READ.search(last.text) and detect_platform(lines) != "cpu":
         return "loading_weights"
     return _STAGE_PHASE.get(_stage_before(lines, end))
@@ -917,10 +933,22 @@ _KV_TOKENS_SHORT = re.compile(
 )
 
 
+_MAMBA_BLOCKS = re.compile(rf"max_num_seqs \(({_INT})\) exceeds available Mamba cache blocks \(({_INT})\)")
+
+
 def _kv_insufficient(lines: Sequence[_Line], hit: _Line) -> Diagnosis:
     related = _related(lines, _KV_INSUFFICIENT)
     joined = " ".join([*related, _following(lines, hit)])
     figures: dict[str, float] = {}
+    mamba = _MAMBA_BLOCKS.search(joined)
+    if mamba:
+        seqs, blocks = float(_int(mamba.group(1))), float(_int(mamba.group(2)))
+        figures.update(max_num_seqs=seqs, mamba_cache_blocks=blocks)
+        summary = (
+            f"the state cache holds {int(blocks):,} Mamba blocks, fewer than max_num_seqs ({int(seqs):,}): each "
+            "running sequence needs one (lower max_num_seqs or give the cache more memory)"
+        )
+        return Diagnosis("kv_cache_insufficient", summary, _dedupe(related), figures, "kv_cache_allocation")
     needed = _KV_NEEDED.search(joined)
     if needed:
         figures["max_model_len"] = float(_int(needed.group(1)))

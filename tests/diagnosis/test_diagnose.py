@@ -1268,6 +1268,10 @@ def test_the_held_out_split_is_the_hash_rule_over_the_issue_23_batch() -> None:
     blind6 = [name for name, entry in INDEX.items() if entry.get("batch") == "issue23-blind6"]
     held6 = [name for name in blind6 if score.is_held_out(name, INDEX[name])]  # type: ignore[attr-defined]
     assert len(blind6) == 26 and len(held6) == 3
+    # And blind batch 7: 13 of its 31 logs are held out.
+    blind7 = [name for name, entry in INDEX.items() if entry.get("batch") == "issue23-blind7"]
+    held7 = [name for name in blind7 if score.is_held_out(name, INDEX[name])]  # type: ignore[attr-defined]
+    assert len(blind7) == 31 and len(held7) == 13
 
 
 def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.CaptureFixture[str]) -> None:
@@ -1302,7 +1306,14 @@ def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.Captu
     # rules (2 seen before them, one a phase only), the held-out third 2/3 both before and after.
     assert "blind batch 6, in-sample two thirds (collected after the rules froze a sixth time): 19/23 logs right" in out
     assert "blind batch 6, held-out third: 2/3 logs right" in out
-    assert "never fitted, together: 96/103 logs right" in out
+    # Blind batch 7, frozen at BLIND7_RULES_SHA256 (28/31): the in-sample two thirds 16/18 -> 17/18 with round 7's
+    # rules (2 seen before them, one a phase only), the held-out third 12/13 both before and after.
+    assert (
+        "blind batch 7, in-sample two thirds (collected after the rules froze a seventh time): 17/18 logs right" in out
+    )
+    assert "blind batch 7, held-out third: 12/13 logs right" in out
+    assert "held-out thirds of blind batches 4-7: 38/44 logs right" in out
+    assert "never fitted, together: 108/116 logs right" in out
 
 
 # --- round 4: lines as they reach users, configuration checks by where they raise --------------------------------
@@ -1499,3 +1510,39 @@ def test_an_exception_quoted_as_inline_code_in_a_sentence_is_read() -> None:
     # Inline code that holds no exception, or an exception naming no setting, is still a crash.
     assert classify_failure("I ran `vllm serve --dtype bfloat16` and it died\n", 1).kind == "crash"
     assert classify_failure("I got `ValueError: the tokenizer is broken`\n", 1).kind == "crash"
+
+
+# --- round 7: rules written on blind batch 7's in-sample two thirds ------------------------------------------------
+
+
+def test_a_max_num_seqs_over_the_mamba_state_blocks_is_the_cache_too_small() -> None:
+    # vLLM's compilation config refuses a max_num_seqs the hybrid model's state pool cannot hold: the pool is sized
+    # from the memory budget, like the KV cache (kaito#2319, blind 7, in-sample).
+    diagnosis = classify_failure(log("gpu-0.25-mamba-cache-blocks-max-num-seqs-kaito2319.log"), 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("kv_cache_insufficient", "kv_cache_allocation")
+    assert diagnosis.figures["max_num_seqs"] == 1024 and diagnosis.figures["mamba_cache_blocks"] == 614
+    assert "614 Mamba blocks" in diagnosis.summary and "max_num_seqs (1,024)" in diagnosis.summary
+    # Prefixed and followed by vLLM's hint, as a worker logs it.
+    line = (
+        "(EngineCore pid=1) ERROR 09-03 10:00:00 [core.py:1000] ValueError: max_num_seqs (256) exceeds available Mamba "
+        "cache blocks (196). Each decode sequence requires one Mamba cache block\n"
+    )
+    assert classify_failure(line, 1).kind == "kv_cache_insufficient"
+    # Another ValueError naming max_num_seqs is still a rejected setting.
+    assert classify_failure("ValueError: max_num_seqs must be positive, got 0\n", 1).kind == "bad_flag"
+
+
+def test_a_milestone_before_lines_the_author_removed_does_not_date_the_error() -> None:
+    # vllm#11210 quotes "# GPU blocks: 31207", then "...", then the OOM: the steps in the removed lines are unknown
+    # (blind 7, in-sample).
+    diagnosis = classify_failure(log("gpu-0.6-oom-after-gpu-blocks-elided-pr11210.log"), 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("cuda_oom", None)
+    blocks = "INFO 12-15 10:18:11 uniproc_executor.py:64] # GPU blocks: 31207\n"
+    error = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 322.00 MiB.\n"
+    # Without the mark the next step after sizing the blocks is the allocation.
+    assert classify_failure(blocks + error, 1).phase == "kv_cache_allocation"
+    for mark in ("...", "…", "[...]", "<snip>"):
+        assert classify_failure(blocks + mark + "\n" + error, 1).phase is None, mark
+    # A mark before the milestone does not matter, nor do dots inside a line.
+    assert classify_failure("...\n" + blocks + error, 1).phase == "kv_cache_allocation"
+    assert classify_failure(blocks + "Loading... done\n" + error, 1).phase == "kv_cache_allocation"
