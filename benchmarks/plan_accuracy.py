@@ -44,6 +44,11 @@ THIRD_COLLECTION = "issue24-third-2026-12-02"
 # in-sample from then on; its held-out rows stay out of sample.
 FOURTH_COLLECTION = "issue24-fourth-2026-12-02"
 SAMPLER_RULE_COLLECTIONS = (THIRD_COLLECTION, FOURTH_COLLECTION)
+# The fifth (2026-12-03: vLLM >= 0.20 startups of hybrid Qwen3.6/3.8-27B checkpoints on RTX 3090/5090, A40, H100, with
+# the Mamba-cache-block refusals), split by the hash rule before its one run with the frozen plan. After that run the
+# speculative-decoding layout, per-token-head KV page, tokens-line release and graph-count rules were written from
+# vLLM's source and checked on its fit-split rows (in-sample from then on); its held-out rows stay out of sample.
+FIFTH_COLLECTION = "issue24-fifth-2026-12-03"
 # The hybrid (Gated DeltaNet) KV rules were written after the second collection, and checked on its fit-split rows:
 # those rows are in-sample for the rules from then on; its held-out rows stay out of sample (planned once, at the end).
 HYBRID_RULES_CHECKED_ON = SECOND_COLLECTION
@@ -247,9 +252,11 @@ def gpu_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
             "after_rules": bool(entry.get("collected_after_rules"))
             and not entry.get("used_for_fit")
             and not _hybrid_rule_row(entry)
-            and not _sampler_rule_row(entry),
+            and not _sampler_rule_row(entry)
+            and not _fifth_rule_row(entry),
             "hybrid_rule_row": _hybrid_rule_row(entry),
             "sampler_rule_row": _sampler_rule_row(entry),
+            "fifth_rule_row": _fifth_rule_row(entry),
             "used_for_fit": entry.get("used_for_fit"),
             "card_class": _card_class(entry),
             "release_family": _release_family(entry["vllm_version"]),
@@ -314,6 +321,11 @@ def _hybrid_rule_row(entry: dict[str, Any]) -> bool:
 def _sampler_rule_row(entry: dict[str, Any]) -> bool:
     """A fit-split row of the collection the sampler and mxfp4 backend rules were checked on (read writing them)."""
     return entry.get("collection") in SAMPLER_RULE_COLLECTIONS and entry.get("split", "fit") == "fit"
+
+
+def _fifth_rule_row(entry: dict[str, Any]) -> bool:
+    """A fit-split row of the fifth collection (read while writing the rules of 2026-12-03)."""
+    return entry.get("collection") == FIFTH_COLLECTION and entry.get("split", "fit") == "fit"
 
 
 def _calibrated_from_sibling(data: dict[str, Any], entry: dict[str, Any]) -> tuple[str, Plan] | None:
@@ -421,6 +433,8 @@ def run_gpu(out: Path | None, show_holdout: bool = True) -> int:
             row["set"] = "held-out (hash rule, not read while writing rules)"
         elif row["after_rules"]:
             row["set"] = "out of sample: found after the rules were written"
+        elif row["fifth_rule_row"]:
+            row["set"] = "in-sample: 5th 2026-12-03 collection, fit split, read while writing the 2026-12-03 rules"
         elif row["hybrid_rule_row"]:
             row["set"] = "in-sample: 2nd 2026-12-02 collection, fit split, read while writing the hybrid KV rules"
         elif row["sampler_rule_row"] and row["collection"] == FOURTH_COLLECTION:
@@ -448,7 +462,7 @@ def run_gpu(out: Path | None, show_holdout: bool = True) -> int:
         _print_table(
             "rows by collection (each split by the hash rule before it was planned)", tables["collection"], "collection"
         )
-        for collection in (SECOND_COLLECTION, THIRD_COLLECTION, FOURTH_COLLECTION):
+        for collection in (SECOND_COLLECTION, THIRD_COLLECTION, FOURTH_COLLECTION, FIFTH_COLLECTION):
             _print_collection_splits(rows, collection)
     fit = [r for r in rows if not r["out_of_sample"]]
     _print_table("in-sample rows by release family", _table(fit, "release_family"), "release_family")

@@ -30,6 +30,7 @@ SHAPE_FLAGS = (
     "kv_cache_dtype",
     "compilation_config",
     "cuda_graph_sizes",
+    "speculative_config",
 )
 FORMAT_VERSION = 1
 

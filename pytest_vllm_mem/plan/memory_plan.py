@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pytest_vllm_mem.plan import refusals
 from pytest_vllm_mem.plan.batch_defaults import batch_defaults
+from pytest_vllm_mem.plan.cudagraphs import FULL_CAPTURE_SIZES, capture_sizes, full_cudagraphs
 from pytest_vllm_mem.plan.errors import PlanError, PlanRefused, PlanUnsupported
 from pytest_vllm_mem.plan.kv_layout import KVLayout, layout
 from pytest_vllm_mem.plan.layers import (
@@ -34,6 +35,7 @@ from pytest_vllm_mem.plan.layers import (
     state_shape,
 )
 from pytest_vllm_mem.plan.modelinfo import ModelInfo, ModelInfoError, ceil_div, dtype_bytes
+from pytest_vllm_mem.plan.speculative import Speculative, mtp_layers, speculative
 from pytest_vllm_mem.plan.weights import architecture_weight_bytes
 from pytest_vllm_mem.units import GIB, format_bytes, parse_size
 from pytest_vllm_mem.versions import DEFAULT_UTILIZATION, patch_release
@@ -44,9 +46,10 @@ VERDICTS = ("fits", "kv_cache_insufficient", "weights_too_large", "host_memory",
 GRAPH_IN_BUDGET_SINCE = (0, 21)
 GPU_BLOCK_SIZE, CPU_BLOCK_SIZE = 16, 128
 # vLLM's "GPU KV cache size: N tokens" for a hybrid layout: num_blocks // groups x block size in 0.19 (its logs), max
-# concurrency x max_model_len by 0.26 (kv_cache_utils._report_kv_cache_config, quoted in vllm#51041). The release in
-# between that changed it is not in the data; 0.26 is where the plan switches.
-TOKENS_FROM_CONCURRENCY_SINCE = (0, 26)  # vLLM's defaults (cpu.py sets 128 unless the user gives --block-size)
+# concurrency x max_model_len later (kv_cache_utils._report_kv_cache_config: "Sourcing this from the concurrency
+# calculation handles hybrid layouts correctly"). A v0.20.1 log (club-3090#91: Qwen3.6-27B, 262,144 tokens, 619,479
+# tokens = 2.36x) already prints the concurrency figure, so the plan switches at 0.20.
+TOKENS_FROM_CONCURRENCY_SINCE = (0, 20)
 
 
 @dataclass(frozen=True)
@@ -195,14 +198,16 @@ def kv_bytes_per_token(info: ModelInfo, *, tp: int, model_dtype: float, kv_cache
     layer, replicated on every GPU.
     """
     layers = info.num_layers if info.is_mla else info.attention_layers
-    return _page_bytes(info, tp=tp, kv_dtype=refusals.kv_dtype_bytes(kv_cache_dtype, model_dtype), block=1) * layers
+    kv_dtype = refusals.kv_dtype_bytes(kv_cache_dtype, model_dtype, head_dim=info.head_dim)
+    return _page_bytes(info, tp=tp, kv_dtype=kv_dtype, block=1) * layers
 
 
 def _page_bytes(info: ModelInfo, *, tp: int, kv_dtype: float, block: int) -> int:
-    """One block of one attention layer on one GPU."""
+    """One block of one attention layer on one GPU (`kv_dtype` may carry a per-token-head scale share, so the
+    product is rounded, not truncated)."""
     if info.is_mla:
-        return int(block * ((info.kv_lora_rank or 0) + (info.qk_rope_head_dim or 0)) * kv_dtype)
-    return int(block * 2 * max(1, info.num_kv_heads // tp) * info.head_dim * kv_dtype)
+        return round(block * ((info.kv_lora_rank or 0) + (info.qk_rope_head_dim or 0)) * kv_dtype)
+    return round(block * 2 * max(1, info.num_kv_heads // tp) * info.head_dim * kv_dtype)
 
 
 def _check_supported(info: ModelInfo) -> None:
@@ -403,13 +408,28 @@ def gpu_non_torch(tp: int, nvlink: bool) -> Estimate:
     return Estimate(int(0.6 * GIB), int(0.2 * GIB), int(1.5 * GIB), "estimate")
 
 
-def gpu_graphs(info: ModelInfo, *, eager: bool, max_num_seqs: int, tp: int) -> Estimate:
+GDN_TRANSIENT_SINCE = (0, 26)
+
+
+def gpu_graphs(
+    info: ModelInfo, *, eager: bool, max_num_seqs: int, tp: int, in_budget: bool = False, batched_tokens: int = 8192
+) -> Estimate:
     """CUDA graph pool: one graph per capture size up to min(512, 2 x max_num_seqs), about linear in layers (vLLM
-    0.19 on H100 logged 0.64-1.85 GiB: 0.87 for 28 layers, 0.91 for 32, 1.79 for 80 at TP 2; less at higher TP)."""
+    0.19 on H100 logged 0.64-1.85 GiB: 0.87 for 28 layers, 0.91 for 32, 1.79 for 80 at TP 2; less at higher TP).
+
+    `in_budget` (0.21+): the figure vLLM subtracts is its profiler's estimate, first capture + per-graph cost x
+    (graphs - 1) (gpu_model_runner `profile_cudagraph_memory`), so it scales with the number of capture sizes
+    (capture_sizes) rather than with the largest one: a max_num_seqs of 2 captures 3 sizes, not half of 51. Not for
+    state-layer (Gated DeltaNet) models from 0.26 (GDN_TRANSIENT_SINCE): there the estimate also carries a profiling
+    transient that grows with max_num_batched_tokens (vllm#50780), which the capture count does not follow, so the
+    pool-sized figure stays."""
     if eager:
         return Estimate.exact(0, "enforce_eager")
-    sizes = min(512, 2 * max_num_seqs) / 512
-    value = int((0.45 + 0.0145 * info.num_layers) * (0.5 + 0.5 * sizes) * GIB)
+    if in_budget:
+        share = len(capture_sizes(max_num_seqs, batched_tokens)) / FULL_CAPTURE_SIZES
+    else:
+        share = 0.5 + 0.5 * min(512, 2 * max_num_seqs) / 512
+    value = int((0.45 + 0.0145 * info.num_layers) * share * GIB)
     if tp > 2:
         value = int(value * 0.8)
     return _scaled(value, 0.4, 2.5, floor=GIB // 8)
@@ -528,6 +548,8 @@ class _Setup:
     version: str | None
     states: _States | None = None
     env: Mapping[str, str] = field(default_factory=dict)  # the server's environment (sampler kernel choice)
+    spec: Speculative | None = None  # --speculative-config (speculative.py)
+    full_graphs: bool = True  # FULL CUDA graphs captured (cudagraphs.py)
 
 
 @dataclass(frozen=True)
@@ -550,6 +572,7 @@ def _states(
     kv_dtype: float,
     block: int,
     version: str | None,
+    num_spec: int = 0,
 ) -> _States | None:
     if info.state is None or info.is_mla:
         return None
@@ -559,13 +582,14 @@ def _states(
         model_dtype_bytes=int(dtype),
         mamba_cache_dtype=_flag(flags, "mamba_cache_dtype"),
         mamba_ssm_cache_dtype=_flag(flags, "mamba_ssm_cache_dtype"),
+        num_spec=num_spec,
     )
     token = _page_bytes(info, tp=tp, kv_dtype=kv_dtype, block=1)
     caching = prefix_caching(dict(flags), release(version))
     return _States(
         page_bytes=shape.page_bytes,
         block=hybrid_block_size(block=block, attention_token_bytes=token, state_page_bytes=shape.page_bytes),
-        blocks_per_request=state_blocks_per_request(prefix_caching=caching),
+        blocks_per_request=state_blocks_per_request(prefix_caching=caching, num_spec=num_spec),
         prefix_caching=caching,
     )
 
@@ -601,13 +625,17 @@ def _setup(
     except ModelInfoError as error:
         raise PlanError(str(error)) from None
     refusals.check_quantization(info, _flag(flags, "quantization"))
-    kv_dtype = refusals.kv_dtype_bytes(_flag(flags, "kv_cache_dtype"), dtype)
+    kv_dtype = refusals.kv_dtype_bytes(_flag(flags, "kv_cache_dtype"), dtype, head_dim=info.head_dim)
     refusals.check_parallelism(info, tp)
     max_model_len = _int_flag(flags, "max_model_len", info.derived_max_len or 2048)
     refusals.check_max_model_len(info, max_model_len, env)
     _check_supported(info)
     block = _int_flag(flags, "block_size", CPU_BLOCK_SIZE if cpu else (64 if info.is_mla else GPU_BLOCK_SIZE))
-    states = _states(info, flags, tp=tp, dtype=dtype, kv_dtype=kv_dtype, block=block, version=version)
+    spec = speculative(flags, mtp_layers(info.raw))
+    num_spec = spec.num_tokens if spec else 0
+    states = _states(
+        info, flags, tp=tp, dtype=dtype, kv_dtype=kv_dtype, block=block, version=version, num_spec=num_spec
+    )
     device = card.device_bytes or card.total_bytes
     limits = batch_defaults(device, card.name, backend=card.backend, vllm_version=version, max_model_len=max_model_len)
     explicit_kv, notes = _explicit_kv(flags, env, cpu)
@@ -631,6 +659,8 @@ def _setup(
         version=version,
         states=states,
         env=dict(env),
+        spec=spec,
+        full_graphs=full_cudagraphs(flags),
     )
 
 
@@ -690,7 +720,8 @@ def _gpu_budget(
         card_name=card.name,
     )
     non_torch = gpu_non_torch(s.tp * s.pp, card.nvlink)
-    graph = gpu_graphs(info, eager=s.eager, max_num_seqs=s.seqs, tp=s.tp)
+    by_count = s.graph_in_budget and not (info.state is not None and release(s.version) >= GDN_TRANSIENT_SINCE)
+    graph = gpu_graphs(info, eager=s.eager, max_num_seqs=s.seqs, tp=s.tp, in_budget=by_count, batched_tokens=s.batched)
     if cal.activation_bytes is not None:
         activation = Estimate.exact(cal.activation_bytes, "calibrated")
     if cal.non_torch_bytes is not None:
@@ -711,6 +742,8 @@ def _gpu_budget(
         )
         peak = _sum([Estimate.exact(s.requested), *outside])
     kinds = info.kinds[start:end] if info.kinds else (FULL,) * (end - start)
+    if s.spec and end >= info.num_layers:  # an MTP drafter's cache layers sit with the last stage
+        kinds = kinds + (FULL,) * s.spec.draft_attention_layers
     return _Budget(weights, activation, non_torch, graph, kv, peak, _layout(info, s, kinds))
 
 
@@ -780,7 +813,7 @@ def _verdict(
             f"longest context that fits is {b.layout.longest_context(kv, s.block):,} tokens"
         )
     blocks = b.layout.blocks(kv)
-    if s.states and not s.eager and release(s.version) >= MAMBA_BLOCKS_CHECK_SINCE and s.seqs > blocks:
+    if s.states and s.full_graphs and release(s.version) >= MAMBA_BLOCKS_CHECK_SINCE and s.seqs > blocks:
         return "kv_cache_insufficient", (
             f"max_num_seqs ({s.seqs}) exceeds available Mamba cache blocks ({blocks}). Each decode sequence "
             f"requires one Mamba cache block, so CUDA graph capture cannot proceed (vLLM's check; lower max_num_seqs "

@@ -43,6 +43,11 @@ KV_CACHE_DTYPES = (
 KV_CACHE_DTYPE_BYTES = {
     "float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "nvfp4": 0.5625,
 }  # fmt: skip
+# Per-token-head layouts (vllm v1/kv_cache_interface.py AttentionSpec): real_page_size_bytes stores head_size int8 /
+# fp8 bytes per head of K and of V (head_size // 2 uint8 for int4), and page_size_bytes adds
+# 2 x block_size x num_kv_heads x 4 bytes: one float32 scale per token, head and K/V, carved from the same pool.
+PER_TOKEN_HEAD_BYTES = {"int8_per_token_head": 1, "fp8_per_token_head": 1, "int4_per_token_head": 0.5}
+PER_TOKEN_HEAD_SCALE_BYTES = 4
 
 
 # Checkpoint formats whose method vLLM resolves from the checkpoint alone, replacing whatever --quantization says:
@@ -78,8 +83,9 @@ def check_quantization(info: ModelInfo, quantization: str | None) -> None:
         )
 
 
-def kv_dtype_bytes(kv_cache_dtype: str | None, model_dtype: float) -> float:
-    """Bytes per K/V element; vLLM's argparse refuses names outside its choices."""
+def kv_dtype_bytes(kv_cache_dtype: str | None, model_dtype: float, head_dim: int | None = None) -> float:
+    """Bytes per K/V element (a per-token-head layout's scales spread over its `head_dim` elements); vLLM's
+    argparse refuses names outside its choices."""
     name = (kv_cache_dtype or "auto").lower()
     if name == "auto":
         return model_dtype
@@ -88,10 +94,13 @@ def kv_dtype_bytes(kv_cache_dtype: str | None, model_dtype: float) -> float:
             f"argument --kv-cache-dtype: invalid choice: {kv_cache_dtype!r} "
             f"(choose from {', '.join(KV_CACHE_DTYPES)}).",
         )
+    if name in PER_TOKEN_HEAD_BYTES and head_dim:
+        return PER_TOKEN_HEAD_BYTES[name] + PER_TOKEN_HEAD_SCALE_BYTES / head_dim
     if name not in KV_CACHE_DTYPE_BYTES:
+        planned = [*KV_CACHE_DTYPE_BYTES, *PER_TOKEN_HEAD_BYTES]
         raise PlanUnsupported(
             f"kv_cache_dtype {name}: a quantized KV layout with its own scales and page size, which the plan does "
-            f"not model. Planned KV dtypes: auto, {', '.join(KV_CACHE_DTYPE_BYTES)}."
+            f"not model. Planned KV dtypes: auto, {', '.join(planned)}."
         )
     return float(KV_CACHE_DTYPE_BYTES[name])
 

@@ -65,3 +65,14 @@ def test_the_fourth_collection_brings_t4_and_rtx_4090_rows_with_their_release_ba
         basis = row["version_basis"]
         assert basis.startswith("stated") or basis.startswith("era: "), row["id"]
         assert row["logged"].get("kv_cache_gib") or row["logged"].get("kv_tokens"), row["id"]
+
+
+def test_the_fifth_collection_brings_vllm_020_and_later_rows_with_their_release_basis() -> None:
+    rows = [r for r in _data()["startups"] if r.get("collection") == "issue24-fifth-2026-12-03"]
+    assert len(rows) == 13
+    assert {"H100 80GB", "RTX 3090", "RTX 5090", "A40"} <= {r["gpu"] for r in rows}
+    for row in rows:
+        assert row["collected_after_rules"] is True, row["id"]
+        basis = row["version_basis"]
+        assert basis.startswith("stated") or basis.startswith("era: "), row["id"]
+        assert tuple(int(p) for p in row["vllm_version"].split(".")[:2]) >= (0, 20), row["id"]
