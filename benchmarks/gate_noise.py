@@ -85,7 +85,7 @@ KEEP_HISTORY = 5  # what the baseline file keeps (baseline_store.KEEP_HISTORY)
 MIN_EARLIER = 2  # baselines replayed: those with this many earlier sessions (noise.MIN_HISTORY)
 
 
-def _write_json(path: Path, data: Any) -> None:
+def write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
@@ -158,7 +158,7 @@ def collect(
         data["sessions"].append(session)
         data["collect_s"] = time.monotonic() - started
         data["load_average_after"] = os.getloadavg()
-        _write_json(out, data)  # after every session: a crash keeps what was measured
+        write_json(out, data)  # after every session: a crash keeps what was measured
         print(f"{name}: startup {startup_s:.0f} s, {time.monotonic() - started:.0f} s so far", flush=True)
     return data
 
@@ -179,7 +179,7 @@ def main() -> None:
     )
     figures = evaluate_and_print(data)
     if args.source is None or args.json != parser.get_default("json"):
-        _write_json(Path(args.json), {**data, "evaluation": figures})
+        write_json(Path(args.json), {**data, "evaluation": figures})
 
 
 # ---- replay --------------------------------------------------------------------------------------------------------
@@ -795,6 +795,6 @@ if __name__ == "__main__":
         found = targets([json.loads(Path(name).read_text()) for name in names])
         print_targets(found)
         if out_path is not None:
-            _write_json(out_path, {"collections": names, "targets": found})
+            write_json(out_path, {"collections": names, "targets": found})
     else:
         main()

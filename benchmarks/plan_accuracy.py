@@ -318,14 +318,19 @@ def _hybrid_rule_row(entry: dict[str, Any]) -> bool:
     )
 
 
+def _fit_row_of(entry: dict[str, Any], collections: tuple[str, ...]) -> bool:
+    """A fit-split row of one of `collections` (read while writing the rules checked on them)."""
+    return entry.get("collection") in collections and entry.get("split", "fit") == "fit"
+
+
 def _sampler_rule_row(entry: dict[str, Any]) -> bool:
     """A fit-split row of the collection the sampler and mxfp4 backend rules were checked on (read writing them)."""
-    return entry.get("collection") in SAMPLER_RULE_COLLECTIONS and entry.get("split", "fit") == "fit"
+    return _fit_row_of(entry, SAMPLER_RULE_COLLECTIONS)
 
 
 def _fifth_rule_row(entry: dict[str, Any]) -> bool:
     """A fit-split row of the fifth collection (read while writing the rules of 2026-12-03)."""
-    return entry.get("collection") == FIFTH_COLLECTION and entry.get("split", "fit") == "fit"
+    return _fit_row_of(entry, (FIFTH_COLLECTION,))
 
 
 def _calibrated_from_sibling(data: dict[str, Any], entry: dict[str, Any]) -> tuple[str, Plan] | None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from gate_noise import write_json  # noqa: E402  (the atomic JSON write the gate benchmarks share)
 
 SUITE = """
 from pytest_vllm_mem import VLLMConfig
@@ -34,13 +36,6 @@ import pytest
 def test_serving(vllm_server, vllm_load):
     assert vllm_load(num_prompts=64, concurrency=8, max_tokens=64).ok
 """
-
-
-def _write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
 
 
 def _pytest(workdir: Path, results: Path, *args: str) -> tuple[int, str]:
@@ -95,7 +90,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="vllm-mem-record-rerun-") as tmp:
             found = one_try(Path(tmp))
         data["tries"].append(found)
-        _write_json(out, data)  # after every try: a stopped run keeps what it measured
+        write_json(out, data)  # after every try: a stopped run keeps what it measured
         if not found["recorded"]:
             verdict = "not recorded"
         elif found["baseline_status"] != "compared":

@@ -204,9 +204,9 @@ def main(argv: list[str]) -> int:
         score_entry(module, name, entry, chosen)
     if "-v" in argv:
         print("\n".join(corpus.misses + blind4_in.misses + blind5_in.misses + blind6_in.misses + blind7_in.misses))
+    never_fitted = (held_out, blind, blind2, blind3, blind4_held, blind5_held, blind6_held, blind7_held)
     if "--held-out-misses" in argv:
-        held_out_sets = (held_out, blind, blind2, blind3, blind4_held, blind5_held, blind6_held, blind7_held)
-        print("\n".join(miss for part in held_out_sets for miss in part.misses))
+        print("\n".join(miss for part in never_fitted for miss in part.misses))
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     frozen = {
         BLIND_RULES_SHA256: " (the rules frozen for blind batch 1)",
@@ -232,8 +232,7 @@ def main(argv: list[str]) -> int:
     print(blind7_in.line("blind batch 7, in-sample two thirds (collected after the rules froze a seventh time)"))
     print(blind7_held.line("blind batch 7, held-out third"))
     print(together((blind4_held, blind5_held, blind6_held, blind7_held)).line("held-out thirds of blind batches 4-7"))
-    parts = (held_out, blind, blind2, blind3, blind4_held, blind5_held, blind6_held, blind7_held)
-    print(together(parts).line("never fitted, together"))
+    print(together(never_fitted).line("never fitted, together"))
     return 0
 
 
