@@ -629,13 +629,15 @@ def verdict(
     pooled: bool = False,
     busy_aware: bool = False,
     fresh_sessions: int | None = None,
+    provisional: bool = True,
 ) -> tuple[list[Any], int]:
     """(failing comparisons, fresh servers started) for one test of a suite of `families` tests, through the plugin's
     own pieces: the judge at the suite's share (Gate.plan), compare, gate_failures and the confirmation rule of
     Gate.evaluate (noise.confirm_on_fresh_sessions: a suspect family re-measured on up to CONFIRM_SESSIONS fresh
     servers, here the sessions that came after the run). `pooled`: the judge has the pooled spreads of the suite's
     other tests (Gate._pool_priors). `busy_aware`: judged on the quiet loads where there are any (TestRecord.quiet).
-    `fresh_sessions`: the most fresh servers a confirmation starts (--vllm-confirm-sessions; CONFIRM_SESSIONS)."""
+    `fresh_sessions`: the most fresh servers a confirmation starts (--vllm-confirm-sessions; CONFIRM_SESSIONS).
+    `provisional`: NoiseJudge.provisional (False: a baseline without a window is judged as one with it)."""
     from pytest_vllm_mem.baseline.compare import compare, gate_failures
     from pytest_vllm_mem.baseline.metrics import resolve_tolerances
     from pytest_vllm_mem.baseline.noise import (
@@ -647,7 +649,7 @@ def verdict(
     )
 
     level = SuiteLevel(DEFAULT_ALPHA if alpha is None else alpha, families=families)
-    judge = NoiseJudge(alpha=level.per_comparison, priors=case.pooled if pooled else {})
+    judge = NoiseJudge(alpha=level.per_comparison, priors=case.pooled if pooled else {}, provisional=provisional)
     tolerances = resolve_tolerances({}, {}, {})
     touch = change or (lambda load: load)
     loads = [{**touch(load), "session": 0} for load in case.now_loads]
@@ -735,6 +737,20 @@ def targets(collections: list[dict[str, Any]], seed: int = 25) -> dict[str, Any]
         row["healthy runs of a one-test suite that fail at a suite alpha of 0.05, confirm"] = sum(
             bool(verdict(c, 1, confirm=True, alpha=0.05)[0]) for c in pool
         )
+        if not history:
+            # A baseline recorded once is provisional (NoiseJudge.provisional): the same runs judged as if it had a
+            # window (the rule before it), and a new user's whole suite, where no test has history to pool.
+            row["one-test suite, confirm, not provisional: failed"] = sum(
+                bool(verdict(c, 1, confirm=True, provisional=False)[0]) for c in pool
+            )
+            fresh = [verdict(c, SUITE_TESTS, confirm=True) for c in pool]
+            row[f"{SUITE_TESTS}-test suite, nothing pooled (a new user's), confirm: tests failed"] = sum(
+                bool(f) for f, _ in fresh
+            )
+            slowed = [verdict(c, SUITE_TESTS, confirm=True, change=lambda load: slower(load, 0.30, True)) for c in pool]
+            row[f"{SUITE_TESTS}-test suite, nothing pooled (a new user's), confirm: -30% more work caught"] = sum(
+                any(c.metric in NOISY for c in f) for f, _ in slowed
+            )
         out[key] = row
     return out
 

@@ -19,7 +19,8 @@ from pytest_vllm_mem.baseline.metrics import METRICS, Metric, Tolerance
 from pytest_vllm_mem.baseline.store import BaselineEntry, EnvKey, median, spread_range, vllm_version_order
 from pytest_vllm_mem.units import format_bytes, format_quantity
 
-Status = Literal["ok", "regressed", "improved", "new", "info", "skipped"]
+Status = Literal["ok", "regressed", "improved", "warned", "new", "info", "skipped"]
+JUDGED = ("ok", "regressed", "improved", "warned")  # the statuses of a gated figure that was compared
 AUTO_TIER = "auto"
 # Device memory is logged with two decimals of GiB: a smaller difference is rounding, not another machine.
 REPLAN_THRESHOLD = 0.005
@@ -93,7 +94,7 @@ class Sample:
 
 @dataclass(frozen=True)
 class Verdict:
-    status: Literal["ok", "regressed", "improved"]
+    status: Literal["ok", "regressed", "improved", "warned"]  # warned: worse, reported but not failed
     detail: str = ""  # the statistics behind the decision, shown in the message ("-18% +- 6%, 4 runs vs 5")
     confirm: bool = False  # suspect (noise.Decision.suspect): re-measure on fresh servers before deciding
 
@@ -120,7 +121,9 @@ class Comparison:
     now: float
     change_pct: float | None  # (now - baseline) / baseline * 100; None when there is no baseline or it is 0
     tolerance: Tolerance | None  # None for report-only figures
-    status: Status  # "ok", "regressed", "improved" (better beyond tolerance), "new", "info" (not gated), "skipped"
+    # "ok", "regressed", "improved" (better beyond tolerance), "warned" (worse than a provisional baseline can judge:
+    # noise.Decision.warned), "new", "info" (not gated), "skipped"
+    status: Status
     baseline_version: str | None = None  # the vLLM version of the entry compared with
     baseline_values: tuple[float, ...] = ()
     now_values: tuple[float, ...] = ()

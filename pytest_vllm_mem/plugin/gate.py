@@ -20,6 +20,7 @@ import pytest
 
 from pytest_vllm_mem.baseline.changepoint import find_step
 from pytest_vllm_mem.baseline.compare import (
+    JUDGED,
     Comparison,
     Judge,
     compare,
@@ -49,6 +50,7 @@ from pytest_vllm_mem.baseline.noise import (
     confirm_on_fresh_sessions,
     is_noisy,
     pooled_prior,
+    provisional_text,
 )
 from pytest_vllm_mem.baseline.results import TestRecord, failure_dict
 from pytest_vllm_mem.baseline.store import BaselineEntry, BaselineError, BaselineStore, EnvKey
@@ -412,11 +414,7 @@ def suite_lines(gate: Gate, records: Sequence[TestRecord]) -> list[str]:
     """The summary's lines on the suite's error control and on confirmations; none when nothing was noise-judged."""
     judged = families = 0
     for record in records:
-        count = sum(
-            1
-            for c in record.comparisons
-            if c.get("metric") in NOISY_GATED and c.get("status") in ("ok", "regressed", "improved")
-        )
+        count = sum(1 for c in record.comparisons if c.get("metric") in NOISY_GATED and c.get("status") in JUDGED)
         judged += count
         families += bool(count)
     if not judged:
@@ -431,4 +429,11 @@ def suite_lines(gate: Gate, records: Sequence[TestRecord]) -> list[str]:
             f"{cleared} cleared, {failed} failed"
             + (f", {len(confirmed) - cleared - failed} could not restart" if len(confirmed) > cleared + failed else "")
         )
+    for record in records:
+        warned = [c for c in record.comparisons if c.get("status") == "warned"]
+        if warned:
+            moves = ", ".join(
+                f"{c['metric']} {c['change_pct']:+.1f}%" for c in warned if c.get("change_pct") is not None
+            )
+            lines.append(f"gate: {record.test_id}: {moves}, {provisional_text(len(warned[0]['baseline_history']))}")
     return lines

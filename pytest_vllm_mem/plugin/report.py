@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol, cast
 
+from pytest_vllm_mem.baseline.compare import JUDGED
 from pytest_vllm_mem.baseline.results import TestRecord
 from pytest_vllm_mem.baseline.store import BaselineError
 from pytest_vllm_mem.baseline.summary import dumps_results, results_summary
@@ -48,10 +49,14 @@ def baseline_cell(record: TestRecord) -> tuple[str, str | None]:
         return {"none": "-", "updated": "updated", "missing": "missing"}[record.baseline_status], None
     regressed = [c for c in record.comparisons if c["status"] == "regressed"]
     improved = [c for c in record.comparisons if c["status"] == "improved"]
+    warned = [c for c in record.comparisons if c["status"] == "warned"]
     across = f" (vs vLLM {record.upgraded_from})" if record.upgraded_from else ""
     if regressed:
         c = regressed[0]
         return f"{c['metric']} {_change(c)}{across}", "red"
+    if warned:
+        c = warned[0]
+        return f"{c['metric']} {_change(c)} (warned: provisional baseline){across}", "yellow"
     if improved:
         c = improved[0]
         return f"{c['metric']} {_change(c)} (update?){across}", "yellow"
@@ -137,7 +142,7 @@ def upgrade_rows(record: TestRecord) -> list[list[str]]:
         if c.get("recorded") is not None:
             base += "*"  # re-planned for this run's device memory (see the note)
         status = c["status"]
-        if c.get("tolerance") and status in ("ok", "regressed", "improved"):
+        if c.get("tolerance") and status in JUDGED:
             status = f"{status} (tolerance {c['tolerance']})"
         elif status == "info":
             status = "reported"

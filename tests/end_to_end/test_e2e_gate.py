@@ -2,15 +2,13 @@
 the defaults, and the summary states the suite's false-alarm budget; a suspect verdict is re-measured on fresh
 servers. The tiny model on the CPU backend, one server per run.
 
-How often a healthy rerun fails is a rate, measured by the gate benchmark over collected sessions
-(`benchmarks/gate_noise.py --targets`), not asserted here: on this 2-core runner a whole session can run with its
-token delivery stalled (a token-interval median of 0 ms, TTFT p50 over 1 s, 1.7-2.3x the server CPU per token), and
-4 of this test's 5 runs on 2026-12-02 failed a healthy rerun that way (tpot_p50 +63.6% and throughput -29.8%
-confirmed on two fresh servers; ttft_p50 +183.5% confirmed; ttft_p50 +3384% at once, past reach); the CI run of
-a8c007d failed on tpot_p50 +310% against a recording whose delivery had coalesced, whose latencies the gate now leaves
-out (metrics.coalesced_load). What this test
-asserts is the contract: memory figures agree, and a failure within reach of its limit comes only after the fresh
-servers confirmed it."""
+How often a healthy rerun fails is a rate, measured by the gate benchmarks over collected sessions
+(`benchmarks/gate_noise.py --targets`) and for real (`benchmarks/record_rerun.py`), not asserted here: on this 2-core
+runner whole sessions ran 36-60% slower than the one recorded minutes before, on fresh servers too, and 4 of this
+test's 5 runs on 2026-12-02 failed a healthy rerun before a baseline recorded once became provisional (its near-limit
+throughput and latency verdicts warn: noise.NoiseJudge.provisional). What this test asserts is the contract: memory
+figures agree, a baseline recorded once never re-measures or fails a noise-judged figure within reach of its limit,
+and, once the baseline has a window, a suspect verdict is decided on fresh servers."""
 
 from __future__ import annotations
 
@@ -58,40 +56,39 @@ def test_record_then_rerun_with_the_defaults(pytester: pytest.Pytester) -> None:
     statuses = {c["metric"]: c["status"] for c in compared["comparisons"]}
     assert compared["baseline_status"] == "compared"
     assert statuses["kv_cache_memory"] == "ok" and statuses["kv_cache_tokens"] == "info"
-    if compared["outcome"] == "ok":
-        result.assert_outcomes(passed=1)
-    else:  # a failure within reach of its limit only after the fresh servers confirmed it; beyond it, at once
-        result.assert_outcomes(failed=1)
-        failing = [c for c in compared["comparisons"] if c["status"] == "regressed"]
-        assert failing and {c["metric"] for c in failing} <= NOISE_JUDGED | {"startup_peak_memory", "load_peak_memory"}
-        # Whether a metric was within reach is read on the first session; the comparison shown is the final one, on
-        # every session (CI: tpot_p50 +262% within reach on the first, +310% past it on all three).
-        confirmations = [n for n in compared["notes"] if n.startswith("confirmation:")]
-        if confirmations:  # suspect on the first session: decided on the fresh servers' sessions too
-            (note,) = confirmations
-            fresh = 2 if "on 2 fresh servers" in note else 1
-            assert note.endswith("fails") and len(compared["loads"]) == 1 + fresh, compared["notes"]
-        else:  # plain: a metric far past its limit decided the test on the first session
-            assert any(not c["confirmable"] for c in failing) and len(compared["loads"]) == 1, compared["notes"]
+    # Provisional: a noise-judged figure within reach of its limit warns; only one far past it, or a memory figure,
+    # can fail this rerun, and no noise-judged figure is re-measured (a memory peak within reach may be).
+    warned = [c for c in compared["comparisons"] if c["status"] == "warned"]
+    assert {c["metric"] for c in warned} <= NOISE_JUDGED and not any(c["confirmable"] for c in warned)
+    assert all("warned, not failed" in c["message"] for c in warned)
+    if warned:
+        assert "a baseline of 1 recorded session cannot tell a slow session from a regression" in output
+    failing = [c for c in compared["comparisons"] if c["status"] == "regressed"]
+    result.assert_outcomes(**({"failed": 1} if failing else {"passed": 1}))
+    confirmations = [n for n in compared["notes"] if n.startswith("confirmation:")]
+    assert all("memory" in n for n in confirmations), confirmations
+    if failing and not confirmations:  # plain: a figure far past its limit decided the test on the first session
+        assert any(not c["confirmable"] for c in failing) and len(compared["loads"]) == 1, compared["notes"]
 
     # A suspect verdict is re-measured on fresh servers (issue 25): the gate stops the server, starts the same config
-    # anew for each confirmation session, runs the test's load there, and decides on all sessions. Sessions of one
-    # healthy config scattered 0.44-2.6x each other on this runner, so the recorded throughput is made suspect for any
-    # plausible session by construction: its median e^3.5 x the fastest session so far, its three runs e^-0.7, 1 and
-    # e^0.7 times that. Their spread puts the suspect band (a pass worse at z >= 1.96, up to CONFIRM_REACH x the limit)
-    # at log -6.0 to -2.5 of the median (noise.decide, one family): a third session 0.08-2.7x as fast as the fastest.
-    # Latency and CPU per token are not gated in this run (tolerances of 100000%), so a stalled session's TTFT cannot
-    # fail it plainly first. (A fixed 1.6x the first session failed in CI: a faster third session read a plain pass;
-    # e^1 and e^0.6 x the fastest failed here when the third session ran 1.7x the earlier ones.)
+    # anew for each confirmation session, runs the test's load there, and decides on all sessions. That needs a
+    # baseline that is not provisional: a window of three sessions (two earlier ones kept in its history). Sessions of
+    # one healthy config scattered 0.44-2.6x each other on this runner, so the recorded throughput is made suspect for
+    # any plausible session by construction: its median e^3.3 x the fastest session so far, its history e^0.7 and
+    # e^-0.7 times that. The window rule (noise.decide, one family) then puts the suspect band (a pass worse at
+    # z >= 1.96, up to CONFIRM_REACH x the limit) at log -5.72 to -0.95 of the median: a third session 0.09-10x as
+    # fast as the fastest. Latency and CPU per token are not gated in this run (tolerances of 100000%), so a stalled
+    # session's TTFT cannot fail it plainly first.
     fastest = max(entry["metrics"]["output_throughput"], *(load["output_throughput"] for load in compared["loads"]))
     data = json.loads(baseline.read_text())
     (key,) = data["baselines"]["test_inner.py::test_serving[vllm_config0]"]
     entry = data["baselines"]["test_inner.py::test_serving[vllm_config0]"][key]
-    factor = math.exp(3.5) * fastest / entry["metrics"]["output_throughput"]
+    factor = math.exp(3.3) * fastest / entry["metrics"]["output_throughput"]
+    history = entry.setdefault("history", {})
     for name in ("output_throughput", "request_throughput"):
         entry["metrics"][name] *= factor
-        entry["spread"][name] = [entry["metrics"][name] * math.exp(step) for step in (-0.7, 0.0, 0.7)]
-    entry["runs"] = 3
+        entry["spread"][name] = [entry["metrics"][name]]
+        history[name] = [entry["metrics"][name] * math.exp(step) for step in (0.7, -0.7)]
     baseline.write_text(json.dumps(data))
     # One fresh server is the contract's smallest case, and one startup fewer on the CI's 2 cores.
     result, data = run_inner(pytester, f"--vllm-baseline={baseline}", THROUGHPUT_ONLY, "--vllm-confirm-sessions=1")

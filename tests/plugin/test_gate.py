@@ -366,10 +366,65 @@ def test_the_gate_judges_with_the_chosen_level(baseline: Path, pytestconfig: pyt
 # ---- suite-level control, confirmation, history steps, free memory (issue 25) ---------------------------------------
 
 
-def noise_state(baseline: Path) -> FakeState:
+def noise_state(baseline: Path, *, provisional: bool = False) -> FakeState:
+    """The plugin's noise judge; by default judging a baseline recorded once as one with a measured session spread
+    (NoiseJudge.provisional off), which the confirmation tests need; the plugin's own default warns instead."""
     state = FakeState(FakeSettings(baseline))
-    state.gate = Gate(state.settings, judge=NoiseJudge())
+    state.gate = Gate(state.settings, judge=NoiseJudge(provisional=provisional))
     return state
+
+
+def never() -> bool:
+    raise AssertionError("no confirmation expected")
+
+
+def test_a_baseline_recorded_once_warns_on_a_near_limit_regression_and_fails_a_plain_one(baseline: Path) -> None:
+    """A baseline of one session cannot tell a slow session from a regression (issue 25: whole sessions ran 36-60%
+    slower minutes after the recording): within reach of its limit the gate warns, starts no fresh server and passes;
+    far beyond it the regression fails at once. Memory is gated from the first recording."""
+    from pytest_vllm_mem.plugin.gate import suite_lines
+
+    write_baseline(baseline, make_record(load(1000.0), load(1010.0), load(990.0)))
+    state = noise_state(baseline, provisional=True)
+    record = make_record(load(600.0))
+    assert evaluate_record(state, record, {}, None, never) is None
+    warned = {c["metric"]: c for c in record.comparisons if c["status"] == "warned"}
+    assert "output_throughput" in warned and "warned, not failed" in warned["output_throughput"]["message"]
+    (line,) = [line for line in suite_lines(state.gate, [record]) if TEST_ID in line]
+    assert "output_throughput -40.0%" in line and "2 more sessions" in line
+    assert evaluate_record(state, make_record(load(100.0)), {}, None, never) is not None
+    assert evaluate_record(state, make_record(load(1000.0, peak=8 * GIB)), {}, None, never) is not None
+
+
+def test_a_baseline_with_history_gates_the_same_slowdown(baseline: Path) -> None:
+    """Recorded in three sessions, the window knows the runner's spread: the same -40% is suspect, confirmed on
+    fresh servers, and fails."""
+    for throughput in (1000.0, 1040.0, 970.0):
+        write_baseline(baseline, make_record(load(throughput), load(throughput + 10), load(throughput - 10)))
+    state = noise_state(baseline, provisional=True)
+    record = make_record(load(600.0))
+    calls: list[int] = []
+
+    def remeasure() -> bool:
+        calls.append(1)
+        record.loads.append({**load(610.0), "session": len(calls)})
+        return True
+
+    failure = evaluate_record(state, record, {}, None, remeasure)
+    assert failure is not None and "output_throughput" in failure and calls
+    assert not any(c["status"] == "warned" for c in record.comparisons)
+
+
+def test_the_files_other_tests_with_history_end_a_new_tests_provisional_baseline(baseline: Path) -> None:
+    """A new test in a file whose other tests show the runner's session spread is judged with that spread."""
+    for index in range(4):
+        for throughput in (1000.0, 1060.0, 950.0, 1020.0):
+            write_baseline(baseline, make_record(load(throughput), test_id=f"tests/test_other.py::test_{index}"))
+    write_baseline(baseline, make_record(load(1000.0), load(1010.0), load(990.0)))
+    state = noise_state(baseline, provisional=True)
+    record = make_record(load(600.0))
+    assert evaluate_record(state, record, {}, None, lambda: False) is not None
+    assert isinstance(state.gate.judge, NoiseJudge) and "output_throughput" in state.gate.judge.priors
 
 
 def test_the_planned_suite_shares_the_level_out_over_the_tests_that_run_loads(baseline: Path) -> None:
@@ -456,9 +511,6 @@ def test_a_fresh_server_that_cannot_start_leaves_the_first_verdict(baseline: Pat
 def test_a_plain_regression_or_a_memory_failure_costs_no_fresh_server(baseline: Path) -> None:
     write_baseline(baseline, make_record(load(1000.0), load(1010.0), load(990.0)))
     state = noise_state(baseline)
-
-    def never() -> bool:
-        raise AssertionError("no confirmation expected")
 
     # A 90% drop is far beyond reach of its limit; a memory failure is not noise-judged; a healthy run is not suspect.
     assert evaluate_record(state, make_record(load(100.0)), {}, None, never) is not None

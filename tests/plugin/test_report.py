@@ -106,6 +106,12 @@ def test_table_row_cells() -> None:
         ("compared", [comparison("ttft_p99", "improved", -30.0)], "ttft_p99 -30.0% (update?)", "yellow"),
         ("compared", [comparison("ttft_p99", "regressed", None)], "ttft_p99 from 0", "red"),
         ("compared", [comparison("ttft_p99", "new", None)], "within tolerance", "green"),
+        (
+            "compared",
+            [comparison("ttft_p99", "improved", -30.0), comparison("output_throughput", "warned", -36.5)],
+            "output_throughput -36.5% (warned: provisional baseline)",
+            "yellow",
+        ),
     ],
 )
 def test_baseline_cell(status: str, comparisons: list[dict[str, Any]], text: str, color: str | None) -> None:
