@@ -35,7 +35,7 @@ from pytest_vllm_mem.plan.layers import (
     state_shape,
 )
 from pytest_vllm_mem.plan.modelinfo import ModelInfo, ModelInfoError, ceil_div, dtype_bytes
-from pytest_vllm_mem.plan.speculative import Speculative, mtp_layers, speculative
+from pytest_vllm_mem.plan.speculative import Speculative, check_drafter, mtp_layers, speculative
 from pytest_vllm_mem.plan.weights import architecture_weight_bytes
 from pytest_vllm_mem.units import GIB, format_bytes, parse_size
 from pytest_vllm_mem.versions import DEFAULT_UTILIZATION, patch_release
@@ -631,6 +631,7 @@ def _setup(
     refusals.check_max_model_len(info, max_model_len, env)
     _check_supported(info)
     block = _int_flag(flags, "block_size", CPU_BLOCK_SIZE if cpu else (64 if info.is_mla else GPU_BLOCK_SIZE))
+    check_drafter(flags)
     spec = speculative(flags, mtp_layers(info.raw))
     num_spec = spec.num_tokens if spec else 0
     states = _states(

@@ -11,7 +11,12 @@
   set the group size, and vLLM logs "Add 3 padding layers, may waste at most 6.25% KV cache memory" (the 48 state
   layers fill 3 groups of 17).
 
-Not modelled: EAGLE, DFlash and draft-model drafters, whose cache layers follow the draft checkpoint's own config.
+* Drafters without weights ("ngram", "ngram_gpu", "suffix") add nothing to the pool but the draft tokens' state room.
+
+Not modelled, so planned as PlanUnsupported (check_drafter): drafters with a checkpoint of their own (EAGLE, EAGLE-3,
+DFlash, DSpark, "draft_model", a custom class), whose weights and cache layers follow the draft checkpoint's own
+config. Planned as if absent, a DFlash drafter on Qwen3.6-27B left 1.7-2.5 GiB of weights per card unplanned and
+its KV per token 50% low (six public 2x RTX 3090/4090 startups, benchmarks/data/gpu_startups.json, sixth collection).
 """
 
 from __future__ import annotations
@@ -20,21 +25,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_vllm_mem.plan.errors import PlanUnsupported
 from pytest_vllm_mem.plan.json_flags import json_flag
 
-# vLLM's MTP method names: "mtp" and the per-model aliases it maps to it (config/speculative.py).
-MTP_METHODS = frozenset(
-    {
-        "mtp",
-        "deepseek_mtp",
-        "qwen3_next_mtp",
-        "qwen3_5_mtp",
-        "mimo_mtp",
-        "glm4_moe_mtp",
-        "ernie_mtp",
-        "longcat_flash_mtp",
-    }
-)
+# Drafters that bring no weights of their own (vLLM's config/speculative.py SpeculativeMethod, 0.33).
+WEIGHTLESS_METHODS = frozenset({"ngram", "ngram_gpu", "suffix"})
+
+
+def is_mtp(method: str) -> bool:
+    """vLLM's MTP method names: "mtp" and the per-model aliases it maps to it (deepseek_mtp, qwen3_5_mtp, ... 28 of
+    them in 0.33's MTPModelTypes, all ending in "_mtp")."""
+    return method == "mtp" or method.endswith("_mtp")
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,25 @@ def speculative(flags: Mapping[str, Any], mtp_layers: int = 1) -> Speculative | 
     if tokens <= 0:
         return None
     method = str(value.get("method") or "").lower()
-    return Speculative(method, tokens, max(1, mtp_layers) if method in MTP_METHODS else 0)
+    return Speculative(method, tokens, max(1, mtp_layers) if is_mtp(method) else 0)
 
 
-__all__ = ["MTP_METHODS", "Speculative", "mtp_layers", "speculative"]
+def check_drafter(flags: Mapping[str, Any]) -> None:
+    """PlanUnsupported for a --speculative-config whose drafter has a checkpoint of its own (the module docstring):
+    any method but the MTP ones and the weightless ones, or a draft `model` with no method named."""
+    value = json_flag(flags, "speculative_config")
+    if value is None:
+        return
+    method = str(value.get("method") or "").lower()
+    if is_mtp(method) or method in WEIGHTLESS_METHODS or not (method or value.get("model")):
+        return
+    named = f"method {method}" if method else f"draft model {value.get('model')}"
+    raise PlanUnsupported(
+        f"speculative_config with {named}: the drafter's weights and cache layers follow its own checkpoint's "
+        "config, which the plan does not read. Planned drafters: the checkpoint's own MTP layers (method mtp or "
+        f"a *_mtp alias) and the weightless {', '.join(sorted(WEIGHTLESS_METHODS))}. Measure this config with a "
+        "real startup."
+    )
+
+
+__all__ = ["WEIGHTLESS_METHODS", "Speculative", "check_drafter", "is_mtp", "mtp_layers", "speculative"]

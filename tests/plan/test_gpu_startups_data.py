@@ -76,3 +76,18 @@ def test_the_fifth_collection_brings_vllm_020_and_later_rows_with_their_release_
         basis = row["version_basis"]
         assert basis.startswith("stated") or basis.startswith("era: "), row["id"]
         assert tuple(int(p) for p in row["vllm_version"].split(".")[:2]) >= (0, 20), row["id"]
+
+
+def test_the_sixth_collection_brings_new_sources_split_before_planning() -> None:
+    startups = _data()["startups"]
+    rows = [r for r in startups if r.get("collection") == "issue24-sixth-2026-12-03"]
+    assert len(rows) == 12
+    assert {"RTX 3090", "RTX 4090", "RTX 5090", "RTX A5000", "A100 80GB"} <= {r["gpu"] for r in rows}
+    earlier = {r["source"] for r in startups if r.get("collection") != "issue24-sixth-2026-12-03"}
+    for row in rows:
+        assert row["collected_after_rules"] is True, row["id"]
+        assert row["source"] not in earlier, row["id"]
+        basis = row["version_basis"]
+        assert basis.startswith("stated") or basis.startswith("era: "), row["id"]
+        expected = "holdout" if int(hashlib.sha256(row["source"].encode()).hexdigest(), 16) % 3 == 0 else "fit"
+        assert row["split"] == expected, row["id"]

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from gpu_startups import model
 
 from pytest_vllm_mem.plan.cudagraphs import capture_sizes, full_cudagraphs
+from pytest_vllm_mem.plan.errors import PlanUnsupported
 from pytest_vllm_mem.plan.layers import GDN, StateDims, gdn_state_shape
 from pytest_vllm_mem.plan.memory_plan import GIB, Card, gpu_graphs, kv_bytes_per_token, plan
 from pytest_vllm_mem.plan.speculative import mtp_layers, speculative
@@ -43,6 +45,8 @@ def test_the_speculative_config_is_read_as_a_dict_or_json_text() -> None:
     assert spec is not None and (spec.num_tokens, spec.draft_attention_layers) == (3, 1)
     dflash = speculative({"speculative_config": {"method": "dflash", "num_speculative_tokens": 7}})
     assert dflash is not None and (dflash.num_tokens, dflash.draft_attention_layers) == (7, 0)
+    alias = speculative({"speculative_config": {"method": "gemma4_mtp", "num_speculative_tokens": 1}}, 2)
+    assert alias is not None and alias.draft_attention_layers == 2  # every *_mtp alias is MTP
     assert speculative({}) is None and speculative({"speculative_config": "not json"}) is None
     assert mtp_layers({"text_config": {"mtp_num_hidden_layers": 2}}) == 2 and mtp_layers({}) == 1
 
@@ -127,3 +131,23 @@ def test_the_mamba_block_check_needs_full_cuda_graphs() -> None:
     full = {**pool, "compilation_config": '{"cudagraph_mode": "FULL_AND_PIECEWISE"}'}
     assert plan(info, full, MAXQ, vllm_version="0.27.0").verdict == "kv_cache_insufficient"
     assert not full_cudagraphs({"enforce_eager": True}) and full_cudagraphs({})
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"method": "dflash", "model": "~/.cache/huggingface/qwen3.6-27b-dflash", "num_speculative_tokens": 5},
+        {"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "num_speculative_tokens": 3},
+        {"method": "draft_model", "model": "Qwen/Qwen3-0.6B", "num_speculative_tokens": 4},
+        {"model": "some/draft", "num_speculative_tokens": 2},
+    ],
+)
+def test_a_drafter_with_its_own_checkpoint_is_not_planned(config: dict[str, Any]) -> None:
+    """Its weights and cache layers follow its own config.json: unsupported, saying which drafters are planned."""
+    with pytest.raises(PlanUnsupported, match="drafter's weights and cache layers follow its own checkpoint"):
+        plan(lorbus(), {**DUAL, "speculative_config": config}, RTX3090, vllm_version="0.24.0")
+
+
+def test_weightless_and_mtp_drafters_are_planned() -> None:
+    for config in ({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}, MTP3):
+        assert plan(lorbus(), {**DUAL, "speculative_config": config}, RTX3090, vllm_version="0.24.0").verdict
