@@ -11,6 +11,7 @@ import pytest
 from e2e import record, run_inner
 
 from pytest_vllm_mem.baseline.metrics import busy_load
+from pytest_vllm_mem.baseline.noise import NOISY_GATED
 
 pytestmark = pytest.mark.e2e
 
@@ -21,7 +22,7 @@ from pytest_vllm_mem import VLLMConfig
 
 CASES = {
     "base": VLLMConfig("tiny", gpu_memory_utilization=0.1, max_model_len=1024),
-    # One sequence at a time at concurrency 16: requests queue, output throughput collapses.
+    # One sequence at a time at concurrency 24: requests queue, output throughput collapses.
     "slow": VLLMConfig("tiny", gpu_memory_utilization=0.1, max_model_len=1024, max_num_seqs=1),
     # Three times the KV cache reservation: the server's resident memory grows by ~2x.
     "big": VLLMConfig("tiny", gpu_memory_utilization=0.3, max_model_len=1024),
@@ -29,8 +30,9 @@ CASES = {
 
 @pytest.mark.parametrize("vllm_config", [CASES[os.environ["CASE"]]], ids=["serving"])
 def test_serving(vllm_server, vllm_load):
-    # Small loads: the slow case serves them one request at a time, and its collapse is far past any limit.
-    assert vllm_load(num_prompts=24, concurrency=12, max_tokens=16, repeat=2).ok
+    # Small loads: the slow case serves them one request at a time, and its collapse is far past any limit (at
+    # concurrency 12 and 16 tokens it read -64% beside a CI run, within a limit that two noisy runs a side widened).
+    assert vllm_load(num_prompts=48, concurrency=24, max_tokens=32, repeat=2).ok
 """
 
 
@@ -58,11 +60,18 @@ def test_baseline_gates_throughput_and_memory(pytester: pytest.Pytester) -> None
     assert recorded["memory"]["compile_cache"] == "cold"
     assert entry["metrics"]["startup_time_cold"] == pytest.approx(recorded["startup"]["duration_s"])
     assert not {"startup_time", "startup_time_warm"} & set(entry["metrics"])
+    # A baseline recorded once is provisional for throughput and latency (a near-limit regression only warns,
+    # noise.NoiseJudge.provisional), and the slow case's drop can sit within reach of its limit. Two earlier sessions
+    # that read what this one did give it a window, as a baseline refreshed on main has, so the throughput verdict is
+    # the gate's, not the warning's.
+    entry["history"] = {name: [entry["metrics"][name]] * 2 for name in NOISY_GATED if name in entry["metrics"]}
+    baseline.write_text(json.dumps(stored))
 
     # Startup time gated at 1%: whatever this start's cache state, it is compared only with a baseline of its own.
     result, data = run_inner(pytester, *common, "--vllm-tolerance=startup_time=1%", env={"CASE": "slow"})
     result.assert_outcomes(failed=1)
     output = result.stdout.str()
+    print(output[output.find("output_throughput") :][:600])  # the figures behind the verdict, in a CI log
     assert "output_throughput" in output and "regressed" in output and "tolerance 10%" in output
     assert "baseline recorded" in output  # provenance
     slow = record(data, "test_serving[serving]")
