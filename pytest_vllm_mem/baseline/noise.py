@@ -60,12 +60,6 @@ MIN_HISTORY = 2
 # slow load can move a single run this far (issue 25: -58.8% with one outlier load), a real change of this size shows
 # again. Beyond it, the regression is plain and another load would only repeat it.
 CONFIRM_REACH = 4.0
-# A baseline without a window (fewer than MIN_HISTORY earlier sessions) judged with the assumed session spread (none
-# pooled over the baseline file's other tests) is provisional for the noise-judged metrics: it cannot tell a slow
-# session from a regression, and on the 2-core runner whole sessions ran 36-60% slower than the one recorded minutes
-# before, on fresh servers too (benchmarks/record_rerun.py: 2 of 20 reruns failed that way with confirmation). Such a
-# verdict within CONFIRM_REACH of its limit warns and does not fail; once the window or a pooled spread exists the
-# same figure fails. Bencher does the same with its thresholds' minimum sample size (no alert below it).
 # Confirmation on fresh servers (issue 25). Loads on one server cannot undo a slow session: on the 2-core CI runner
 # whole sessions (one server each, minutes apart) scatter by 5-12% while one server's loads agree closely, so a 30%
 # slowdown of one session cannot be told from noise at a 20-test suite's level (caught 1-4 times in 30). A family
@@ -301,7 +295,7 @@ class Decision:
     @property
     def warned(self) -> bool:
         """A regression that a provisional baseline cannot tell from a slow session: within CONFIRM_REACH of its
-        limit. It is reported, not failed (see CONFIRM_REACH's neighbour comment)."""
+        limit. It is reported, not failed (see NoiseJudge.provisional)."""
         return self.provisional and self.status == "regressed" and self.margin <= CONFIRM_REACH
 
     @property
@@ -532,9 +526,13 @@ class NoiseJudge:
     alpha: float = DEFAULT_ALPHA
     priors: Mapping[str, SessionPrior] = field(default_factory=dict)  # pooled over the baseline file, by metric
     prior: SessionPrior | None = DEFAULT_PRIOR  # for metrics without a pooled one; None: none at all
-    # A provisional baseline's near-limit regression warns (Decision.warned) and is not re-measured: more sessions of
-    # this run cannot make it fail. False: it is judged like one with a window (the rule before it; the benchmarks'
-    # comparison of the two).
+    # A baseline without a window (fewer than MIN_HISTORY earlier sessions) judged with the assumed session spread
+    # (none pooled over the file's other tests) is provisional for the noise-judged metrics: it cannot tell a slow
+    # session from a regression (on the 2-core runner whole sessions ran 36-60% slower than the one recorded minutes
+    # before, fresh servers too: benchmarks/record_rerun.py, 2 of 20 reruns failed that way with confirmation). Its
+    # near-limit regression warns (Decision.warned) and is not re-measured, since more sessions of this run cannot
+    # make it fail; once a window or a pooled spread exists the same figure fails. Bencher does the same with its
+    # thresholds' minimum sample size. False: judged like a baseline with a window (the benchmarks' comparison).
     provisional: bool = True
 
     def __call__(self, metric: Metric, baseline: Sample, now: Sample, tolerance: Tolerance) -> Verdict:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -378,6 +379,19 @@ def never() -> bool:
     raise AssertionError("no confirmation expected")
 
 
+def fresh_sessions(record: Any, throughput: float) -> tuple[list[int], Callable[[], bool]]:
+    """A remeasure callback whose every fresh server runs one more session of the load at `throughput`, and the list
+    that counts its calls."""
+    calls: list[int] = []
+
+    def remeasure() -> bool:
+        calls.append(1)
+        record.loads.append({**load(throughput), "session": len(calls)})
+        return True
+
+    return calls, remeasure
+
+
 def test_a_baseline_recorded_once_warns_on_a_near_limit_regression_and_fails_a_plain_one(baseline: Path) -> None:
     """A baseline of one session cannot tell a slow session from a regression (issue 25: whole sessions ran 36-60%
     slower minutes after the recording): within reach of its limit the gate warns, starts no fresh server and passes;
@@ -403,12 +417,7 @@ def test_a_baseline_with_history_gates_the_same_slowdown(baseline: Path) -> None
         write_baseline(baseline, make_record(load(throughput), load(throughput + 10), load(throughput - 10)))
     state = noise_state(baseline, provisional=True)
     record = make_record(load(600.0))
-    calls: list[int] = []
-
-    def remeasure() -> bool:
-        calls.append(1)
-        record.loads.append({**load(610.0), "session": len(calls)})
-        return True
+    calls, remeasure = fresh_sessions(record, 610.0)
 
     failure = evaluate_record(state, record, {}, None, remeasure)
     assert failure is not None and "output_throughput" in failure and calls
@@ -443,12 +452,7 @@ def test_a_near_limit_regression_is_measured_again_on_fresh_servers_and_cleared(
     write_baseline(baseline, make_record(load(1000.0), load(1010.0), load(990.0)))
     state = noise_state(baseline)
     record = make_record(load(600.0))  # one slow session: -40%, past the limit of one session against one
-    calls: list[int] = []
-
-    def remeasure() -> bool:
-        calls.append(1)
-        record.loads.append({**load(1000.0), "session": len(calls)})  # a fresh server's session of the same load
-        return True
+    calls, remeasure = fresh_sessions(record, 1000.0)  # a fresh server's session of the same load
 
     assert evaluate_record(state, record, {}, None, remeasure) is None
     assert calls == [1]  # cleared after one fresh server: nothing suspect is left, no second one
@@ -464,12 +468,7 @@ def test_a_confirmed_regression_fails_on_every_session_it_was_measured_in(baseli
     write_baseline(baseline, make_record(load(1000.0), load(1010.0), load(990.0)))
     state = noise_state(baseline)
     record = make_record(load(650.0))
-    calls: list[int] = []
-
-    def remeasure() -> bool:
-        calls.append(1)
-        record.loads.append({**load(660.0), "session": len(calls)})
-        return True
+    calls, remeasure = fresh_sessions(record, 660.0)
 
     failure = evaluate_record(state, record, {}, None, remeasure)
     assert calls == [1] * CONFIRM_SESSIONS  # a near-limit family fails only at the last look
@@ -489,12 +488,7 @@ def test_a_pass_worse_than_its_baseline_at_the_suspect_level_is_confirmed_and_ca
     first = next(c for c in probe.comparisons if c["metric"] == "output_throughput")
     assert first["status"] == "ok" and first["confirmable"]  # but it is suspect
     record = make_record(load(580.0))
-    calls: list[int] = []
-
-    def remeasure() -> bool:
-        calls.append(1)
-        record.loads.append({**load(585.0), "session": len(calls)})
-        return True
+    calls, remeasure = fresh_sessions(record, 585.0)
 
     failure = evaluate_record(state, record, {}, None, remeasure)
     assert calls == [1] * CONFIRM_SESSIONS and failure is not None and "output_throughput" in failure
