@@ -541,12 +541,13 @@ _KV_INSUFFICIENT = re.compile(
 # The other accelerators vLLM runs on say it their own way: XLA on TPU raises RESOURCE_EXHAUSTED ("Ran out of memory in
 # memory space hbm", "Attempting to reserve 6.14G ... That was not possible"); Level Zero / Unified Runtime on Intel
 # XPU returns UR_RESULT_ERROR_OUT_OF_RESOURCES (40) or ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY; Gaudi's bridge reports
-# "MODULE:PT_DEVMEM Allocation failed"; Ascend says "NPU out of memory".
+# "MODULE:PT_DEVMEM Allocation failed"; Ascend says "NPU out of memory"; Tenstorrent's tt-metal allocator (its
+# BankManager, under vLLM's TT plugin and tt-xla alike) "Out of Memory: Not enough space to allocate N B DRAM buffer".
 _DEVICE_OOM = re.compile(
     r"\b(?:CUDA|HIP|XPU|NPU|HPU) out of memory|OutOfMemoryError|CUDA (?:driver )?(?:error|failure)\W{1,3}out of memory"
     r"|cuda runtime error \(2\) : out of memory|CUBLAS_STATUS_ALLOC_FAILED"
     r"|\bRESOURCE_EXHAUSTED\b.{0,200}?(?:memory|allocat|reserve)|_ERROR_OUT_OF_(?:DEVICE_MEMORY|RESOURCES)\b"
-    r"|PT_DEVMEM Allocation failed"
+    r"|PT_DEVMEM Allocation failed|Out of Memory: Not enough space to allocate \d+ B (?:DRAM|L1)"
     # The runtimes' own error codes and allocators, whatever wraps them: CUDA's cudaErrorMemoryAllocation and driver
     # CUDA_ERROR_OUT_OF_MEMORY, HIP's hipErrorOutOfMemory, a failed cudaMalloc/hipMalloc, XLA's "Ran out of memory in
     # memory space hbm" without its status, Apple's "MPS backend out of memory".
@@ -729,6 +730,7 @@ _PHASE_EVIDENCE: tuple[tuple[str, re.Pattern[str]], ...] = (
         re.compile(
             r"\binitialize_kv_cache\w*|_allocate_kv_cache|_init_cache_engine|\binitialize_cache\b"
             r"|\binitialize_from_config\b|\bCacheEngine\b"
+            r"|Allocating TT kv caches"  # the Tenstorrent plugin's progress bar over the KV cache's layers
         ),
     ),
     ("profiling", re.compile(r"\bprofile_run\b|\bdetermine_available_memory\b|\bdetermine_num_available_blocks\b")),

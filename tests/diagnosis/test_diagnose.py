@@ -1276,6 +1276,10 @@ def test_the_held_out_split_is_the_hash_rule_over_the_issue_23_batch() -> None:
     blind8 = [name for name, entry in INDEX.items() if entry.get("batch") == "issue23-blind8"]
     held8 = [name for name in blind8 if score.is_held_out(name, INDEX[name])]  # type: ignore[attr-defined]
     assert len(blind8) == 25 and len(held8) == 11
+    # And blind batch 9: 14 of its 30 logs are held out.
+    blind9 = [name for name in INDEX if INDEX[name].get("batch") == "issue23-blind9"]
+    held9 = [name for name in blind9 if score.is_held_out(name, INDEX[name])]  # type: ignore[attr-defined]
+    assert len(blind9) == 30 and len(held9) == 14
 
 
 def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.CaptureFixture[str]) -> None:
@@ -1322,8 +1326,12 @@ def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.Captu
         "blind batch 8, in-sample two thirds (collected after the rules froze an eighth time): 13/14 logs right" in out
     )
     assert "blind batch 8, held-out third: 9/11 logs right" in out
-    assert "held-out thirds of blind batches 4-8: 47/55 logs right" in out
-    assert "never fitted, together: 117/127 logs right" in out
+    # Blind batch 9, frozen at BLIND9_RULES_SHA256 (the same file as batch 8's; 24/30): the in-sample two thirds
+    # 13/16 -> 15/16 with round 9's tt-metal rule (2 seen before it), the held-out third 11/14 both before and after.
+    assert "blind batch 9, in-sample two thirds (collected after the rules froze a ninth time): 15/16 logs right" in out
+    assert "blind batch 9, held-out third: 11/14 logs right" in out
+    assert "held-out thirds of blind batches 4-9: 58/69 logs right" in out
+    assert "never fitted, together: 128/141 logs right" in out
 
 
 # --- round 4: lines as they reach users, configuration checks by where they raise --------------------------------

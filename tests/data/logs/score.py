@@ -26,8 +26,10 @@ Three scores are printed:
 - blind 7: more logs (`"batch": "issue23-blind7"`) collected after the rules were frozen a seventh time
   (BLIND7_RULES_SHA256, the diagnose.py of round 6's end), split and reported like blind 4;
 - blind 8: more logs (`"batch": "issue23-blind8"`) collected after the rules were frozen an eighth time
-  (BLIND8_RULES_SHA256, the diagnose.py of round 7's end), split and reported like blind 4.
-A further line adds up the held-out thirds of blind batches 4-8 (the target of issue 23: 95% on logs no rule saw).
+  (BLIND8_RULES_SHA256, the diagnose.py of round 7's end), split and reported like blind 4;
+- blind 9: more logs (`"batch": "issue23-blind9"`) collected after the rules were frozen a ninth time
+  (BLIND9_RULES_SHA256, the diagnose.py of round 8's end, unchanged since round 7), split and reported like blind 4.
+A further line adds up the held-out thirds of blind batches 4-9 (the target of issue 23: 95% on logs no rule saw).
 Entries with `seen_before_rule` were missed by the rules they were first scored with and passed only after a later
 rule was written with them in view: their pass is not a blind result, and each line says how many of them it holds.
 The script prints the SHA-256 of the diagnose.py it scored, so a blind figure can be matched to its frozen rules.
@@ -81,6 +83,19 @@ BLIND7_RULES_SHA256 = "71136fe6037ed7ecd5f007f5695a351ca4056a1da14b202e8b8b1d600
 # split in thirds by the same hash rule as batch 4.
 BLIND8_BATCH = "issue23-blind8"
 BLIND8_RULES_SHA256 = "b7ae90f1f3b0169375c032ad6973b759e61ca41bdadc169e815f7afd84711bcc"
+# The ninth blind batch: frozen again (this diagnose.py, round 8's final rules, the same file as BLIND8_RULES_SHA256)
+# before any of its logs was collected; split in thirds by the same hash rule as batch 4.
+BLIND9_BATCH = "issue23-blind9"
+BLIND9_RULES_SHA256 = BLIND8_RULES_SHA256
+# The batches split in thirds by the hash rule, with the ordinal their lines are printed with.
+SPLIT_BATCHES = {
+    BLIND4_BATCH: "a fourth",
+    BLIND5_BATCH: "a fifth",
+    BLIND6_BATCH: "a sixth",
+    BLIND7_BATCH: "a seventh",
+    BLIND8_BATCH: "an eighth",
+    BLIND9_BATCH: "a ninth",
+}
 _OLD_PHASE_WORDS = (
     ("while profiling", "profiling"),
     ("while allocating the KV cache", "kv_cache_allocation"),
@@ -93,11 +108,10 @@ _OLD_PHASE_WORDS = (
 
 def is_held_out(name: str, entry: dict[str, Any]) -> bool:
     """The split rule, fixed before the issue-23 logs were scored: a third of that batch (and of blind batches 4, 5,
-    6, 7 and 8), by a hash of the name."""
-    return (
-        entry.get("batch") in (HELD_OUT_BATCH, BLIND4_BATCH, BLIND5_BATCH, BLIND6_BATCH, BLIND7_BATCH, BLIND8_BATCH)
-        and int(hashlib.sha256(name.encode()).hexdigest(), 16) % 3 == 0
-    )
+    6, 7, 8 and 9), by a hash of the name."""
+    return (entry.get("batch") == HELD_OUT_BATCH or entry.get("batch") in SPLIT_BATCHES) and int(
+        hashlib.sha256(name.encode()).hexdigest(), 16
+    ) % 3 == 0
 
 
 def load(path: Path) -> ModuleType:
@@ -190,18 +204,7 @@ def main(argv: list[str]) -> int:
     module = load(path)
     index = json.loads((HERE / "index.json").read_text(encoding="utf-8"))
     corpus, held_out, blind, blind2, blind3 = Score(), Score(), Score(), Score(), Score()
-    blind4_in, blind4_held = Score(), Score()
-    blind5_in, blind5_held = Score(), Score()
-    blind6_in, blind6_held = Score(), Score()
-    blind7_in, blind7_held = Score(), Score()
-    blind8_in, blind8_held = Score(), Score()
-    split = {
-        BLIND4_BATCH: (blind4_in, blind4_held),
-        BLIND5_BATCH: (blind5_in, blind5_held),
-        BLIND6_BATCH: (blind6_in, blind6_held),
-        BLIND7_BATCH: (blind7_in, blind7_held),
-        BLIND8_BATCH: (blind8_in, blind8_held),
-    }
+    split = {batch: (Score(), Score()) for batch in SPLIT_BATCHES}  # (in-sample two thirds, held-out third)
     sets = {BLIND_BATCH: blind, BLIND2_BATCH: blind2, BLIND3_BATCH: blind3}
     for name, entry in index.items():
         if entry.get("batch") in split:
@@ -210,10 +213,11 @@ def main(argv: list[str]) -> int:
         else:
             chosen = sets.get(entry.get("batch", ""), held_out if is_held_out(name, entry) else corpus)
         score_entry(module, name, entry, chosen)
+    held_thirds = tuple(held for _, held in split.values())
     if "-v" in argv:
-        fitted = (corpus, blind4_in, blind5_in, blind6_in, blind7_in, blind8_in)
+        fitted = (corpus, *(in_sample for in_sample, _ in split.values()))
         print("\n".join(miss for part in fitted for miss in part.misses))
-    never_fitted = (held_out, blind, blind2, blind3, blind4_held, blind5_held, blind6_held, blind7_held, blind8_held)
+    never_fitted = (held_out, blind, blind2, blind3, *held_thirds)
     if "--held-out-misses" in argv:
         print("\n".join(miss for part in never_fitted for miss in part.misses))
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -225,7 +229,7 @@ def main(argv: list[str]) -> int:
         BLIND5_RULES_SHA256: " (the rules frozen for blind batch 5)",
         BLIND6_RULES_SHA256: " (the rules frozen for blind batch 6)",
         BLIND7_RULES_SHA256: " (the rules frozen for blind batch 7)",
-        BLIND8_RULES_SHA256: " (the rules frozen for blind batch 8)",
+        BLIND8_RULES_SHA256: " (the rules frozen for blind batches 8 and 9)",
     }
     print(f"rules scored: {path.name} sha256 {digest[:12]}{frozen.get(digest, '')}")
     print(corpus.line("corpus"))
@@ -233,18 +237,15 @@ def main(argv: list[str]) -> int:
     print(blind.line("blind batch (collected after the rules froze)"))
     print(blind2.line("blind batch 2 (collected after the rules froze again)"))
     print(blind3.line("blind batch 3 (collected after the rules froze a third time)"))
-    print(blind4_in.line("blind batch 4, in-sample two thirds (collected after the rules froze a fourth time)"))
-    print(blind4_held.line("blind batch 4, held-out third"))
-    print(blind5_in.line("blind batch 5, in-sample two thirds (collected after the rules froze a fifth time)"))
-    print(blind5_held.line("blind batch 5, held-out third"))
-    print(blind6_in.line("blind batch 6, in-sample two thirds (collected after the rules froze a sixth time)"))
-    print(blind6_held.line("blind batch 6, held-out third"))
-    print(blind7_in.line("blind batch 7, in-sample two thirds (collected after the rules froze a seventh time)"))
-    print(blind7_held.line("blind batch 7, held-out third"))
-    print(blind8_in.line("blind batch 8, in-sample two thirds (collected after the rules froze an eighth time)"))
-    print(blind8_held.line("blind batch 8, held-out third"))
-    held_4_8 = (blind4_held, blind5_held, blind6_held, blind7_held, blind8_held)
-    print(together(held_4_8).line("held-out thirds of blind batches 4-8"))
+    for number, (batch, ordinal) in enumerate(SPLIT_BATCHES.items(), start=4):
+        in_sample, held = split[batch]
+        print(
+            in_sample.line(
+                f"blind batch {number}, in-sample two thirds (collected after the rules froze {ordinal} time)"
+            )
+        )
+        print(held.line(f"blind batch {number}, held-out third"))
+    print(together(held_thirds).line(f"held-out thirds of blind batches 4-{3 + len(SPLIT_BATCHES)}"))
     print(together(never_fitted).line("never fitted, together"))
     return 0
 
