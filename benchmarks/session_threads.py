@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -46,6 +47,45 @@ def thread_cpu(processes: list[psutil.Process]) -> dict[tuple[int, int], tuple[s
                 out[(process.pid, thread.id)] = (process.name(), thread.user_time + thread.system_time, int(stat[36]))
         except (psutil.Error, OSError):
             continue
+    return out
+
+
+def steal_share() -> tuple[int, int]:
+    """(steal ticks, all ticks) of the machine so far (/proc/stat): time the hypervisor ran someone else on our
+    virtual CPUs while they had work."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return fields[7], sum(fields[:8])
+
+
+def probe_ms() -> float:
+    """Wall milliseconds of a fixed piece of CPU work on one thread in this process (512 x 512 float32 matrix
+    products), taken while the server is idle: the machine's own speed at that moment, whatever vLLM does."""
+    import torch
+
+    torch.set_num_threads(1)
+    a = torch.rand(512, 512)
+    start = time.perf_counter()
+    for _ in range(40):
+        a = torch.mm(a, a).clamp_(0, 1)
+    return round((time.perf_counter() - start) * 1000, 1)
+
+
+def timed_load(model: Path) -> tuple[int, float]:
+    """Throughput of one 64 x 64-token load at concurrency 8, and the share of the machine's CPU time stolen by the
+    hypervisor meanwhile."""
+    steal_before, total_before = steal_share()
+    wall, chunks = load(model, 64, 8)
+    steal_after, total_after = steal_share()
+    return round(chunks / wall), round((steal_after - steal_before) / max(total_after - total_before, 1), 3)
+
+
+def probed_loads(model: Path, count: int) -> list[dict[str, float]]:
+    """`count` loads, each between two probes of the machine's speed."""
+    out = []
+    for _ in range(count):
+        before = probe_ms()
+        tok_s, steal = timed_load(model)
+        out.append({"tok_s": tok_s, "steal_share": steal, "probe_ms_before": before, "probe_ms_after": probe_ms()})
     return out
 
 
@@ -81,8 +121,10 @@ def load(model: Path, num: int, concurrency: int) -> tuple[float, int]:
     return time.monotonic() - started, chunks[0]
 
 
-def session(model: Path, flags: list[str]) -> dict[str, Any]:
+def session(model: Path, flags: list[str], no_aslr: bool = False) -> dict[str, Any]:
+    # setarch -R: the server and its children at fixed addresses, to test whether a slow session is an unlucky layout.
     argv = [
+        *(["setarch", platform.machine(), "-R"] if no_aslr else []),
         *launch_argv(sys.executable, str(model), flags),
         "--port",
         str(PORT),
@@ -104,8 +146,13 @@ def session(model: Path, flags: list[str]) -> dict[str, Any]:
         root = psutil.Process(server.pid)
         processes = [root, *root.children(recursive=True)]
         before = thread_cpu(processes)
+        steal_before, total_before = steal_share()
         wall, chunks = load(model, 64, 8)
+        steal_after, total_after = steal_share()
         after = thread_cpu(processes)
+        # The same server twice more: is its speed fixed at its start, and does the hypervisor's steal follow it?
+        again = [timed_load(model) for _ in range(2)]
+        probed = probed_loads(model, 4)
         threads = sorted(
             (
                 (round(cpu - before.get(key, ("", 0.0, -1))[1], 2), name, core)
@@ -116,6 +163,10 @@ def session(model: Path, flags: list[str]) -> dict[str, Any]:
         )
         return {
             "tok_s": round(chunks / wall),
+            "steal_share": round((steal_after - steal_before) / max(total_after - total_before, 1), 3),
+            "tok_s_again": [tok_s for tok_s, _ in again],
+            "steal_share_again": [steal for _, steal in again],
+            "probed": probed,
             "wall_s": round(wall, 2),
             "server_cpu_s": round(sum(t[0] for t in threads), 2),
             "threads": threads[:6],
@@ -133,6 +184,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=5)
     parser.add_argument("--eager", action="store_true", help="--enforce-eager: no torch.compile artifact")
+    parser.add_argument("--no-aslr", action="store_true", help="start each server under setarch -R (fixed addresses)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="vllm-mem-threads-") as tmp:
@@ -140,10 +192,12 @@ def main() -> None:
         build_tiny_model(model)
         found = []
         for _ in range(args.sessions):
-            found.append(session(model, ["--enforce-eager"] if args.eager else []))
+            found.append(session(model, ["--enforce-eager"] if args.eager else [], args.no_aslr))
             print(json.dumps(found[-1]), flush=True)
     if args.json is not None:
-        args.json.write_text(json.dumps({"eager": args.eager, "sessions": found}, indent=1) + "\n")
+        args.json.write_text(
+            json.dumps({"eager": args.eager, "no_aslr": args.no_aslr, "sessions": found}, indent=1) + "\n"
+        )
 
 
 if __name__ == "__main__":
