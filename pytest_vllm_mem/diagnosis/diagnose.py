@@ -1645,6 +1645,30 @@ def _flag_named(lines: Sequence[_Line]) -> Diagnosis | None:
     return None
 
 
+# vLLM's dtype check (`_check_if_gpu_supports_dtype`, V0 and V1 alike) in its own words: wrappers (NIM's engine factory,
+# llamafactory-cli) log its message as their own record, and reporters paste its last sentence alone, without the
+# ValueError line _flag_named reads.
+_DTYPE_CHECK = re.compile(
+    r"Bfloat16 is only supported on GPUs with compute capability of at least"
+    r"|You can use float16 instead by explicitly setting the ?`dtype` flag"
+)
+
+
+def _dtype_check(lines: Sequence[_Line]) -> Diagnosis | None:
+    """The dtype check's sentence, when no other exception follows it (a second error after it, such as a GPU too old
+    for vLLM at all, is a run that got past the dtype)."""
+    for position, line in enumerate(lines):
+        if not _DTYPE_CHECK.search(line.text):
+            continue
+        later = (_raised_in(after.text) for after in lines[position + 1 :] if after.may_be_error)
+        if any(raised is not None and raised.group("type") != "ValueError" for raised in later):
+            return None
+        message = line.text.strip()
+        summary = f"the configuration was rejected (vLLM's dtype check; set --dtype): {message}"
+        return Diagnosis("bad_flag", summary[:400], (message,), {}, "arguments")
+    return None
+
+
 def rejected_flags(diagnosis: Diagnosis) -> tuple[str, ...]:
     """The flags a bad_flag diagnosis names: ('--swap-space',) or ('gpu_memory_utilization',) for a value error."""
     if diagnosis.kind != "bad_flag" or diagnosis.phase == "usage":
@@ -1665,6 +1689,8 @@ def rejected_flags(diagnosis: Diagnosis) -> tuple[str, ...]:
         raised = _raised_in(text)
         if raised and raised.group("type") == "ValueError" and _names_of_settings(raised.group("message")):
             return _names_of_settings(raised.group("message"))
+        if _DTYPE_CHECK.search(text):
+            return ("dtype",)
     return ()
 
 
@@ -1716,6 +1742,7 @@ def classify_failure(log_text: str, returncode: int | None) -> Diagnosis:
         or _memory_diagnosis(lines)
         or _raised_by_check(lines)
         or _flag_named(lines)
+        or _dtype_check(lines)
         or _cut_in_check(lines)
         or _cut_tail(log_text)
     )
