@@ -3,11 +3,13 @@ load, on several fresh servers (issue 25: whole sessions of the 2-core runner ra
 
 Each session starts `vllm serve` on the tiny model (the plugin's launcher argv, own process group), sends a warm-up
 load, then 64 prompts of 64 tokens at concurrency 8 (the gate benchmarks' shape), and reads every server thread's
-CPU time (/proc/PID/task/TID) before and after; the server is stopped by its process group.
+CPU time (/proc/PID/task/TID) before and after. Then the same server runs the load six more times, to show whether
+its speed is fixed at its start: two with the hypervisor's steal share of the machine's CPU time over each
+(/proc/stat), four between two probes of the machine's plain CPU speed. The server is stopped by its process group.
 
-    flock /tmp/vllm-e2e.lock python benchmarks/session_threads.py [--sessions 5] [--eager] [--json OUT]
+    flock /tmp/vllm-e2e.lock python benchmarks/session_threads.py [--sessions 5] [--eager] [--no-aslr] [--json OUT]
 
-About a minute a session on 2 cores.
+About two minutes a session on 2 cores.
 """
 
 from __future__ import annotations
@@ -50,11 +52,16 @@ def thread_cpu(processes: list[psutil.Process]) -> dict[tuple[int, int], tuple[s
     return out
 
 
-def steal_share() -> tuple[int, int]:
-    """(steal ticks, all ticks) of the machine so far (/proc/stat): time the hypervisor ran someone else on our
-    virtual CPUs while they had work."""
+def cpu_ticks() -> tuple[int, int]:
+    """(steal ticks, all ticks) of the machine so far (/proc/stat): steal is time the hypervisor ran someone else on
+    our virtual CPUs while they had work."""
     fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     return fields[7], sum(fields[:8])
+
+
+def steal_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The share of the machine's CPU time stolen between two cpu_ticks() readings."""
+    return round((after[0] - before[0]) / max(after[1] - before[1], 1), 3)
 
 
 def probe_ms() -> float:
@@ -73,10 +80,9 @@ def probe_ms() -> float:
 def timed_load(model: Path) -> tuple[int, float]:
     """Throughput of one 64 x 64-token load at concurrency 8, and the share of the machine's CPU time stolen by the
     hypervisor meanwhile."""
-    steal_before, total_before = steal_share()
+    before = cpu_ticks()
     wall, chunks = load(model, 64, 8)
-    steal_after, total_after = steal_share()
-    return round(chunks / wall), round((steal_after - steal_before) / max(total_after - total_before, 1), 3)
+    return round(chunks / wall), steal_share(before, cpu_ticks())
 
 
 def probed_loads(model: Path, count: int) -> list[dict[str, float]]:
@@ -146,9 +152,9 @@ def session(model: Path, flags: list[str], no_aslr: bool = False) -> dict[str, A
         root = psutil.Process(server.pid)
         processes = [root, *root.children(recursive=True)]
         before = thread_cpu(processes)
-        steal_before, total_before = steal_share()
+        ticks = cpu_ticks()
         wall, chunks = load(model, 64, 8)
-        steal_after, total_after = steal_share()
+        stolen = steal_share(ticks, cpu_ticks())
         after = thread_cpu(processes)
         # The same server twice more: is its speed fixed at its start, and does the hypervisor's steal follow it?
         again = [timed_load(model) for _ in range(2)]
@@ -163,7 +169,7 @@ def session(model: Path, flags: list[str], no_aslr: bool = False) -> dict[str, A
         )
         return {
             "tok_s": round(chunks / wall),
-            "steal_share": round((steal_after - steal_before) / max(total_after - total_before, 1), 3),
+            "steal_share": stolen,
             "tok_s_again": [tok_s for tok_s, _ in again],
             "steal_share_again": [steal for _, steal in again],
             "probed": probed,
