@@ -1658,12 +1658,13 @@ def _dtype_check(lines: Sequence[_Line]) -> Diagnosis | None:
     """The dtype check's sentence, when no other exception follows it (a second error after it, such as a GPU too old
     for vLLM at all, is a run that got past the dtype)."""
     for position, line in enumerate(lines):
-        if not _DTYPE_CHECK.search(line.text):
+        sentence = _DTYPE_CHECK.search(line.text)
+        if sentence is None:
             continue
         later = (_raised_in(after.text) for after in lines[position + 1 :] if after.may_be_error)
         if any(raised is not None and raised.group("type") != "ValueError" for raised in later):
             return None
-        message = line.text.strip()
+        message = line.text[sentence.start() :].strip()  # from the check's words on: a wrapper's header is not them
         summary = f"the configuration was rejected (vLLM's dtype check; set --dtype): {message}"
         return Diagnosis("bad_flag", summary[:400], (message,), {}, "arguments")
     return None

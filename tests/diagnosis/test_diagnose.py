@@ -1460,6 +1460,7 @@ def test_the_dtype_checks_sentence_without_its_value_error_is_the_dtype_rejected
     wrapped = f"ERROR 2025-07-21 14:34:24.934 engine_factory.py:62] {sentence}\nTraceback (most recent call last):\n"
     diagnosis = classify_failure(wrapped, 1)
     assert (diagnosis.kind, diagnosis.phase, rejected_flags(diagnosis)) == ("bad_flag", "arguments", ("dtype",))
+    assert diagnosis.root_cause == (sentence,)  # the check's words, not the wrapper's header
     hint = classify_failure(log("gpu-0.4-bfloat16-hint-only-v100-llamafactory3717.log"), 1)
     assert (hint.kind, rejected_flags(hint)) == ("bad_flag", ("dtype",))
     older = classify_failure(log("gpu-0.2-crash-p100-below-7-bfloat16-first-1284.log"), 1)
