@@ -77,12 +77,12 @@ def probe_ms() -> float:
     return round((time.perf_counter() - start) * 1000, 1)
 
 
-def timed_load(model: Path) -> tuple[int, float]:
-    """Throughput of one 64 x 64-token load at concurrency 8, and the share of the machine's CPU time stolen by the
-    hypervisor meanwhile."""
+def timed_load(model: Path) -> tuple[int, float, float]:
+    """Throughput of one 64 x 64-token load at concurrency 8, the share of the machine's CPU time stolen by the
+    hypervisor meanwhile, and its wall seconds."""
     before = cpu_ticks()
     wall, chunks = load(model, 64, 8)
-    return round(chunks / wall), steal_share(before, cpu_ticks())
+    return round(chunks / wall), steal_share(before, cpu_ticks()), wall
 
 
 def probed_loads(model: Path, count: int) -> list[dict[str, float]]:
@@ -90,7 +90,7 @@ def probed_loads(model: Path, count: int) -> list[dict[str, float]]:
     out = []
     for _ in range(count):
         before = probe_ms()
-        tok_s, steal = timed_load(model)
+        tok_s, steal, _ = timed_load(model)
         out.append({"tok_s": tok_s, "steal_share": steal, "probe_ms_before": before, "probe_ms_after": probe_ms()})
     return out
 
@@ -152,9 +152,7 @@ def session(model: Path, flags: list[str], no_aslr: bool = False) -> dict[str, A
         root = psutil.Process(server.pid)
         processes = [root, *root.children(recursive=True)]
         before = thread_cpu(processes)
-        ticks = cpu_ticks()
-        wall, chunks = load(model, 64, 8)
-        stolen = steal_share(ticks, cpu_ticks())
+        tok_s, stolen, wall = timed_load(model)
         after = thread_cpu(processes)
         # The same server twice more: is its speed fixed at its start, and does the hypervisor's steal follow it?
         again = [timed_load(model) for _ in range(2)]
@@ -168,10 +166,10 @@ def session(model: Path, flags: list[str], no_aslr: bool = False) -> dict[str, A
             reverse=True,
         )
         return {
-            "tok_s": round(chunks / wall),
+            "tok_s": tok_s,
             "steal_share": stolen,
-            "tok_s_again": [tok_s for tok_s, _ in again],
-            "steal_share_again": [steal for _, steal in again],
+            "tok_s_again": [again_tok_s for again_tok_s, _, _ in again],
+            "steal_share_again": [steal for _, steal, _ in again],
             "probed": probed,
             "wall_s": round(wall, 2),
             "server_cpu_s": round(sum(t[0] for t in threads), 2),

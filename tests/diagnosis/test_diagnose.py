@@ -1244,42 +1244,29 @@ def _score_module() -> object:
     return module
 
 
+# Each batch's size and how many of its logs the hash rule holds out (0: scored whole, as blind batches 1-3 were).
+BATCH_SIZES = {
+    "issue23": (41, 11),
+    "issue23-blind": (13, 0),
+    "issue23-blind2": (27, 0),
+    "issue23-blind3": (21, 0),
+    "issue23-blind4": (31, 14),
+    "issue23-blind5": (36, 14),
+    "issue23-blind6": (26, 3),
+    "issue23-blind7": (31, 13),
+    "issue23-blind8": (25, 11),
+    "issue23-blind9": (30, 14),
+}
+
+
 def test_the_held_out_split_is_the_hash_rule_over_the_issue_23_batch() -> None:
     score = _score_module()
-    batch = sorted(name for name, entry in INDEX.items() if entry.get("batch") == "issue23")
-    held = [name for name in batch if score.is_held_out(name, INDEX[name])]  # type: ignore[attr-defined]
-    assert len(batch) == 41 and len(held) == 11
+    assert set(score.SPLIT_BATCHES) | {"issue23"} == {b for b, (_, held) in BATCH_SIZES.items() if held}  # type: ignore[attr-defined]
     assert not any(score.is_held_out(name, entry) for name, entry in INDEX.items() if "batch" not in entry)  # type: ignore[attr-defined]
-    blind = [name for name, entry in INDEX.items() if entry.get("batch") == "issue23-blind"]
-    assert len(blind) == 13
-    blind2 = [name for name, entry in INDEX.items() if entry.get("batch") == "issue23-blind2"]
-    assert len(blind2) == 27 and not any(score.is_held_out(name, INDEX[name]) for name in blind2)  # type: ignore[attr-defined]
-    blind3 = [name for name, entry in INDEX.items() if entry.get("batch") == "issue23-blind3"]
-    assert len(blind3) == 21 and not any(score.is_held_out(name, INDEX[name]) for name in blind3)  # type: ignore[attr-defined]
-    # Blind batch 4 is split by the same hash rule: 14 of its 31 logs are held out.
-    blind4 = [name for name, entry in INDEX.items() if entry.get("batch") == "issue23-blind4"]
-    held4 = [name for name in blind4 if score.is_held_out(name, INDEX[name])]  # type: ignore[attr-defined]
-    assert len(blind4) == 31 and len(held4) == 14
-    # So is blind batch 5: 14 of its 36 logs are held out.
-    blind5 = [name for name, entry in INDEX.items() if entry.get("batch") == "issue23-blind5"]
-    held5 = [name for name in blind5 if score.is_held_out(name, INDEX[name])]  # type: ignore[attr-defined]
-    assert len(blind5) == 36 and len(held5) == 14
-    # And blind batch 6: 3 of its 26 logs are held out.
-    blind6 = [name for name, entry in INDEX.items() if entry.get("batch") == "issue23-blind6"]
-    held6 = [name for name in blind6 if score.is_held_out(name, INDEX[name])]  # type: ignore[attr-defined]
-    assert len(blind6) == 26 and len(held6) == 3
-    # And blind batch 7: 13 of its 31 logs are held out.
-    blind7 = [name for name, entry in INDEX.items() if entry.get("batch") == "issue23-blind7"]
-    held7 = [name for name in blind7 if score.is_held_out(name, INDEX[name])]  # type: ignore[attr-defined]
-    assert len(blind7) == 31 and len(held7) == 13
-    # And blind batch 8: 11 of its 25 logs are held out.
-    blind8 = [name for name, entry in INDEX.items() if entry.get("batch") == "issue23-blind8"]
-    held8 = [name for name in blind8 if score.is_held_out(name, INDEX[name])]  # type: ignore[attr-defined]
-    assert len(blind8) == 25 and len(held8) == 11
-    # And blind batch 9: 14 of its 30 logs are held out.
-    blind9 = [name for name in INDEX if INDEX[name].get("batch") == "issue23-blind9"]
-    held9 = [name for name in blind9 if score.is_held_out(name, INDEX[name])]  # type: ignore[attr-defined]
-    assert len(blind9) == 30 and len(held9) == 14
+    for batch, (size, held_out) in BATCH_SIZES.items():
+        names = [name for name, entry in INDEX.items() if entry.get("batch") == batch]
+        held = [name for name in names if score.is_held_out(name, INDEX[name])]  # type: ignore[attr-defined]
+        assert (batch, len(names), len(held)) == (batch, size, held_out)
 
 
 def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.CaptureFixture[str]) -> None:

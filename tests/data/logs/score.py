@@ -96,6 +96,18 @@ SPLIT_BATCHES = {
     BLIND8_BATCH: "an eighth",
     BLIND9_BATCH: "a ninth",
 }
+# Every blind batch, in the order collected, with the diagnose.py its rules were frozen at.
+FROZEN_RULES = {
+    BLIND_BATCH: BLIND_RULES_SHA256,
+    BLIND2_BATCH: BLIND2_RULES_SHA256,
+    BLIND3_BATCH: BLIND3_RULES_SHA256,
+    BLIND4_BATCH: BLIND4_RULES_SHA256,
+    BLIND5_BATCH: BLIND5_RULES_SHA256,
+    BLIND6_BATCH: BLIND6_RULES_SHA256,
+    BLIND7_BATCH: BLIND7_RULES_SHA256,
+    BLIND8_BATCH: BLIND8_RULES_SHA256,
+    BLIND9_BATCH: BLIND9_RULES_SHA256,
+}
 _OLD_PHASE_WORDS = (
     ("while profiling", "profiling"),
     ("while allocating the KV cache", "kv_cache_allocation"),
@@ -112,6 +124,16 @@ def is_held_out(name: str, entry: dict[str, Any]) -> bool:
     return (entry.get("batch") == HELD_OUT_BATCH or entry.get("batch") in SPLIT_BATCHES) and int(
         hashlib.sha256(name.encode()).hexdigest(), 16
     ) % 3 == 0
+
+
+def frozen_label(digest: str) -> str:
+    """' (the rules frozen for blind batches 8 and 9)' when `digest` is the diagnose.py some batches were frozen at."""
+    numbers = [str(n) for n, frozen in enumerate(FROZEN_RULES.values(), start=1) if frozen == digest]
+    if not numbers:
+        return ""
+    if len(numbers) == 1:
+        return f" (the rules frozen for blind batch {numbers[0]})"
+    return f" (the rules frozen for blind batches {', '.join(numbers[:-1])} and {numbers[-1]})"
 
 
 def load(path: Path) -> ModuleType:
@@ -221,17 +243,7 @@ def main(argv: list[str]) -> int:
     if "--held-out-misses" in argv:
         print("\n".join(miss for part in never_fitted for miss in part.misses))
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    frozen = {
-        BLIND_RULES_SHA256: " (the rules frozen for blind batch 1)",
-        BLIND2_RULES_SHA256: " (the rules frozen for blind batch 2)",
-        BLIND3_RULES_SHA256: " (the rules frozen for blind batch 3)",
-        BLIND4_RULES_SHA256: " (the rules frozen for blind batch 4)",
-        BLIND5_RULES_SHA256: " (the rules frozen for blind batch 5)",
-        BLIND6_RULES_SHA256: " (the rules frozen for blind batch 6)",
-        BLIND7_RULES_SHA256: " (the rules frozen for blind batch 7)",
-        BLIND8_RULES_SHA256: " (the rules frozen for blind batches 8 and 9)",
-    }
-    print(f"rules scored: {path.name} sha256 {digest[:12]}{frozen.get(digest, '')}")
+    print(f"rules scored: {path.name} sha256 {digest[:12]}{frozen_label(digest)}")
     print(corpus.line("corpus"))
     print(held_out.line("held-out third of issue 23's logs"))
     print(blind.line("blind batch (collected after the rules froze)"))
