@@ -269,7 +269,16 @@ _GPU_TOTALS = re.compile(
     rf"\(({_NUM}), ({_NUM}) GiB\)\.(?: Actual usage is ({_NUM}) GiB for consumed memory \(weights \+ non-torch\), "
     rf"({_NUM}) GiB for peak activation, and ({_NUM}) GiB for CUDAGraph memory)?"
 )
-_GRAPH_POOL = re.compile(rf"CUDA graph pool memory:\s*({_NUM}) GiB \(actual\),\s*({_NUM}) GiB \(estimated\)")
+# vllm-ascend's worker says "ACL graph pool memory: ..." for the same figures.
+_GRAPH_POOL = re.compile(rf"(?:CUDA|ACL) graph pool memory:\s*({_NUM}) GiB \(actual\),\s*({_NUM}) GiB \(estimated\)")
+# vllm-ascend's worker.py after its "Free memory on device ... Desired GPU memory utilization is (...)." prefix:
+# "Actual usage: W GiB for weights, P GiB for peak activation, N GiB for non-torch memory, G GiB for NPU graph memory.
+# [Replace gpu_memory_utilization with ...] Current KV cache memory: K GiB."
+_NPU_USAGE = re.compile(
+    rf"Actual usage: ({_NUM}) GiB for weights, ({_NUM}) GiB for peak activation, ({_NUM}) GiB for non-torch "
+    rf"memory, ({_NUM}) GiB for NPU graph memory"
+)
+_CURRENT_KV = re.compile(rf"Current KV cache memory: ({_NUM}) GiB")
 _GRAPH_ESTIMATE = re.compile(rf"Estimated CUDA graph memory:\s*({_NUM}) GiB total")
 # "CUDA graph memory profiling is enabled ... The current --gpu-memory-utilization=0.9200 is equivalent to ...
 # increase --gpu-memory-utilization to 0.9271." / "... is disabled ... increasing --gpu-memory-utilization from U to S."
@@ -447,6 +456,14 @@ def parse_startup_memory(log_text: str) -> StartupMemory:
             values.update(
                 non_kv_gib=round(consumed + peak + graphs, 2), activation_peak_gib=peak, graph_pool_gib=graphs
             )
+    npu = _first(lines, _NPU_USAGE, wrapped=True)
+    if npu:
+        weights, peak, non_torch, graphs = (float(npu.group(i)) for i in range(1, 5))
+        values.setdefault("weights_gib", weights)
+        values.update(
+            activation_peak_gib=peak, graph_pool_gib=graphs, non_kv_gib=round(weights + peak + non_torch + graphs, 2)
+        )
+        grab(_CURRENT_KV, ("kv_cache_gib", float))
     grab(_GRAPH_POOL, ("graph_pool_gib", float), ("graph_pool_estimate_gib", float))
     grab(_GRAPH_ESTIMATE, ("graph_pool_estimate_gib", float))
     profiling = _first(lines, _GRAPH_PROFILING, wrapped=True)

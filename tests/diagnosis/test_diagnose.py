@@ -254,6 +254,15 @@ def test_parse_startup_memory_graph_pool_and_profiling_hint() -> None:
     assert (pool.graph_pool_gib, pool.graph_pool_estimate_gib) == (-0.19, 2.43)  # the actual pool can be negative
 
 
+def test_parse_startup_memory_reads_vllm_ascends_summary() -> None:
+    # vllm-ascend's worker.py: "... Actual usage: W GiB for weights, P GiB for peak activation, N GiB for non-torch
+    # memory, G GiB for NPU graph memory. Replace ... Current KV cache memory: K GiB." and "ACL graph pool memory".
+    memory = parse_startup_memory(log("ascend-0.2x-started-acl-graph-free-memory-info-tp8-vllmascend11514.log"))
+    assert (memory.weights_gib, memory.activation_peak_gib, memory.kv_cache_gib) == (51.68, 0.29, 5.15)
+    assert (memory.graph_pool_gib, memory.graph_pool_estimate_gib, memory.non_kv_gib) == (0.23, 0.29, 52.71)
+    assert (memory.device_total_gib, memory.requested_gib) == (60.96, 57.91)
+
+
 # The 0.33 GPU summary lines appear in no public log yet: each is built with the f-string vLLM 0.33.0 prints it with
 # (gpu_worker.py compile_or_warm_up_model / determine_available_memory), numbers filled in.
 GPU_TOTALS_033 = (
@@ -1256,6 +1265,7 @@ BATCH_SIZES = {
     "issue23-blind7": (31, 13),
     "issue23-blind8": (25, 11),
     "issue23-blind9": (30, 14),
+    "issue23-blind10": (29, 12),
 }
 
 
@@ -1319,8 +1329,14 @@ def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.Captu
     # it, as batch 5's held-out pass it brought): the held-out figure of record stays 11/14, 58/69 over batches 4-9.
     assert "blind batch 9, in-sample two thirds (collected after the rules froze a ninth time): 15/16 logs right" in out
     assert "blind batch 9, held-out third: 12/14 logs right" in out and "(1 of them seen before a later rule)" in out
-    assert "held-out thirds of blind batches 4-9: 60/69 logs right" in out and "(2 of them seen before" in out
-    assert "never fitted, together: 130/141 logs right" in out
+    # Blind batch 10, frozen at BLIND10_RULES_SHA256 (20/29): the in-sample two thirds 11/17 -> 12/17 with round 10's
+    # one rule (vllm-ascend's startup summary, a started log's figures); the held-out third 9/12 both before and after.
+    assert (
+        "blind batch 10, in-sample two thirds (collected after the rules froze a tenth time): 12/17 logs right" in out
+    )
+    assert "blind batch 10, held-out third: 9/12 logs right" in out
+    assert "held-out thirds of blind batches 4-10: 69/81 logs right" in out and "(2 of them seen before" in out
+    assert "never fitted, together: 139/153 logs right" in out
 
 
 # --- round 4: lines as they reach users, configuration checks by where they raise --------------------------------

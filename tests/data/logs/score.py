@@ -28,7 +28,9 @@ Three scores are printed:
 - blind 8: more logs (`"batch": "issue23-blind8"`) collected after the rules were frozen an eighth time
   (BLIND8_RULES_SHA256, the diagnose.py of round 7's end), split and reported like blind 4;
 - blind 9: more logs (`"batch": "issue23-blind9"`) collected after the rules were frozen a ninth time
-  (BLIND9_RULES_SHA256, the diagnose.py of round 8's end, unchanged since round 7), split and reported like blind 4.
+  (BLIND9_RULES_SHA256, the diagnose.py of round 8's end, unchanged since round 7), split and reported like blind 4;
+- blind 10: more logs (`"batch": "issue23-blind10"`) collected after the rules were frozen a tenth time
+  (BLIND10_RULES_SHA256, the diagnose.py of round 9's end), split and reported like blind 4.
 A further line adds up the held-out thirds of blind batches 4-9 (the target of issue 23: 95% on logs no rule saw).
 Entries with `seen_before_rule` were missed by the rules they were first scored with and passed only after a later
 rule was written with them in view: their pass is not a blind result, and each line says how many of them it holds.
@@ -87,6 +89,10 @@ BLIND8_RULES_SHA256 = "b7ae90f1f3b0169375c032ad6973b759e61ca41bdadc169e815f7afd8
 # before any of its logs was collected; split in thirds by the same hash rule as batch 4.
 BLIND9_BATCH = "issue23-blind9"
 BLIND9_RULES_SHA256 = BLIND8_RULES_SHA256
+# The tenth blind batch: frozen again (this diagnose.py, round 9's final rules, as of commit 76eb2fe) before any of its
+# logs was collected; split in thirds by the same hash rule as batch 4.
+BLIND10_BATCH = "issue23-blind10"
+BLIND10_RULES_SHA256 = "b98d90ca1e1f6605d24a8d0debf0cb2128d6a31caac393bc1d39bb7d6b1adc50"
 # The batches split in thirds by the hash rule, with the ordinal their lines are printed with.
 SPLIT_BATCHES = {
     BLIND4_BATCH: "a fourth",
@@ -95,6 +101,7 @@ SPLIT_BATCHES = {
     BLIND7_BATCH: "a seventh",
     BLIND8_BATCH: "an eighth",
     BLIND9_BATCH: "a ninth",
+    BLIND10_BATCH: "a tenth",
 }
 # Every blind batch, in the order collected, with the diagnose.py its rules were frozen at.
 FROZEN_RULES = {
@@ -107,6 +114,7 @@ FROZEN_RULES = {
     BLIND7_BATCH: BLIND7_RULES_SHA256,
     BLIND8_BATCH: BLIND8_RULES_SHA256,
     BLIND9_BATCH: BLIND9_RULES_SHA256,
+    BLIND10_BATCH: BLIND10_RULES_SHA256,
 }
 _OLD_PHASE_WORDS = (
     ("while profiling", "profiling"),
@@ -120,7 +128,7 @@ _OLD_PHASE_WORDS = (
 
 def is_held_out(name: str, entry: dict[str, Any]) -> bool:
     """The split rule, fixed before the issue-23 logs were scored: a third of that batch (and of blind batches 4, 5,
-    6, 7, 8 and 9), by a hash of the name."""
+    6, 7, 8, 9 and 10), by a hash of the name."""
     return (entry.get("batch") == HELD_OUT_BATCH or entry.get("batch") in SPLIT_BATCHES) and int(
         hashlib.sha256(name.encode()).hexdigest(), 16
     ) % 3 == 0
