@@ -227,6 +227,16 @@ def _check_supported(info: ModelInfo) -> None:
             f"attention): {missing}. Plan an attention-only or Gated DeltaNet model, or measure this one with a "
             "real startup."
         )
+    if info.kv_shared_layers:
+        # vLLM's gemma3n.py / gemma4.py: layers from num_hidden_layers - num_kv_shared_layers on set
+        # kv_sharing_target_layer_name and allocate no cache; both add per-layer input embeddings
+        # (hidden_size_per_layer_input), which the weight count does not hold.
+        raise PlanUnsupported(
+            f"model {info.name} ({info.architecture}) shares KV across layers (num_kv_shared_layers "
+            f"{info.kv_shared_layers} of {info.num_layers}: those layers reuse an earlier layer's cache) and has "
+            "per-layer input embeddings, which the plan does not size (Gemma 3n, Gemma 4). Measure this model with a "
+            "real startup."
+        )
     if info.quant_method == "gguf" or (info.folder is not None and any(info.folder.glob("*.gguf"))):
         raise PlanUnsupported(
             f"model {info.name} is a GGUF checkpoint: the plan reads safetensors headers and config.json, not GGUF "

@@ -112,6 +112,8 @@ class ModelInfo:
     vision_params: int = 0  # a multimodal model's vision tower and projector, loaded with the language model
     state: StateDims | None = None  # Gated DeltaNet / Mamba2 layers' figures (layers.py), None without them
     attn_output_gate: bool = False  # Qwen3-Next / Qwen3.5: q_proj also projects a gate (twice the query width)
+    # Gemma 3n / Gemma 4: the last N layers read the KV of an earlier layer and keep none of their own.
+    kv_shared_layers: int = 0
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -446,6 +448,7 @@ def model_info_from_config(
         vision_params=_vision_params(config, hidden),
         state=state_dims(text, kinds),
         attn_output_gate=bool(text.get("attn_output_gate", model_type.startswith(("qwen3_next", "qwen3_5")))),
+        kv_shared_layers=_int(text, "num_kv_shared_layers", default=0) or 0,
         raw=config,
     )
 
