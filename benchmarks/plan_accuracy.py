@@ -43,7 +43,6 @@ THIRD_COLLECTION = "issue24-third-2026-12-02"
 # profile run sorts the logits too) was written from vLLM's source and checked on its fit-split rows, which are
 # in-sample from then on; its held-out rows stay out of sample.
 FOURTH_COLLECTION = "issue24-fourth-2026-12-02"
-SAMPLER_RULE_COLLECTIONS = (THIRD_COLLECTION, FOURTH_COLLECTION)
 # The fifth (2026-12-03: vLLM >= 0.20 startups of hybrid Qwen3.6/3.8-27B checkpoints on RTX 3090/5090, A40, H100, with
 # the Mamba-cache-block refusals), split by the hash rule before its one run with the frozen plan. After that run the
 # speculative-decoding layout, per-token-head KV page, tokens-line release and graph-count rules were written from
@@ -54,9 +53,15 @@ FIFTH_COLLECTION = "issue24-fifth-2026-12-03"
 # KV-sharing refusal (Gemma 3n / Gemma 4) was written from vLLM's source and checked on its fit-split rows (in-sample
 # from then on); its held-out rows stay out of sample.
 EIGHTH_COLLECTION = "issue24-eighth-2026-12-03"
-# The hybrid (Gated DeltaNet) KV rules were written after the second collection, and checked on its fit-split rows:
-# those rows are in-sample for the rules from then on; its held-out rows stay out of sample (planned once, at the end).
-HYBRID_RULES_CHECKED_ON = SECOND_COLLECTION
+# The fit-split rows of each collection rules were written on after its one run, with the in-sample set they join
+# (the second's hybrid (Gated DeltaNet) KV rules read only its HYBRID_MODELS rows); held-out rows stay out of sample.
+RULES_WRITTEN_ON = {
+    EIGHTH_COLLECTION: "in-sample: 8th 2026-12-03 collection, fit split, read while writing the KV-sharing refusal",
+    FIFTH_COLLECTION: "in-sample: 5th 2026-12-03 collection, fit split, read while writing the 2026-12-03 rules",
+    SECOND_COLLECTION: "in-sample: 2nd 2026-12-02 collection, fit split, read while writing the hybrid KV rules",
+    FOURTH_COLLECTION: "in-sample: 4th 2026-12-02 collection, fit split, read while writing the V0 sampler rule",
+    THIRD_COLLECTION: "in-sample: 3rd 2026-12-02 collection, fit split, read while writing the sampler rules",
+}
 # The hybrid models and the per-checkpoint entries their rows were re-pointed to (the served checkpoints, re-read from
 # the rows' sources after the run; the hybrid rules were checked on the same rows, so they stay in-sample).
 HYBRID_MODELS = (
@@ -259,14 +264,8 @@ def gpu_rows(data: dict[str, Any], as_first_recorded: bool = False) -> list[dict
             "version_basis": entry.get("version_basis", "stated"),
             "after_rules": bool(entry.get("collected_after_rules"))
             and not entry.get("used_for_fit")
-            and not _hybrid_rule_row(entry)
-            and not _sampler_rule_row(entry)
-            and not _fifth_rule_row(entry)
-            and not _fit_row_of(entry, (EIGHTH_COLLECTION,)),
-            "hybrid_rule_row": _hybrid_rule_row(entry),
-            "sampler_rule_row": _sampler_rule_row(entry),
-            "fifth_rule_row": _fifth_rule_row(entry),
-            "eighth_rule_row": _fit_row_of(entry, (EIGHTH_COLLECTION,)),
+            and _rule_set(entry) is None,
+            "rule_set": _rule_set(entry),
             "used_for_fit": entry.get("used_for_fit"),
             "card_class": _card_class(entry),
             "release_family": _release_family(entry["vllm_version"]),
@@ -319,28 +318,14 @@ def _layout_check(entry: dict[str, Any], models: dict[str, Any]) -> dict[str, An
     }
 
 
-def _hybrid_rule_row(entry: dict[str, Any]) -> bool:
-    """A fit-split hybrid row of the collection the hybrid KV rules were checked on (read while writing them)."""
-    return (
-        entry.get("collection") == HYBRID_RULES_CHECKED_ON
-        and entry.get("split", "fit") == "fit"
-        and entry["model"] in HYBRID_MODELS
-    )
-
-
-def _fit_row_of(entry: dict[str, Any], collections: tuple[str, ...]) -> bool:
-    """A fit-split row of one of `collections` (read while writing the rules checked on them)."""
-    return entry.get("collection") in collections and entry.get("split", "fit") == "fit"
-
-
-def _sampler_rule_row(entry: dict[str, Any]) -> bool:
-    """A fit-split row of the collection the sampler and mxfp4 backend rules were checked on (read writing them)."""
-    return _fit_row_of(entry, SAMPLER_RULE_COLLECTIONS)
-
-
-def _fifth_rule_row(entry: dict[str, Any]) -> bool:
-    """A fit-split row of the fifth collection (read while writing the rules of 2026-12-03)."""
-    return _fit_row_of(entry, (FIFTH_COLLECTION,))
+def _rule_set(entry: dict[str, Any]) -> str | None:
+    """The in-sample set of a fit-split row read while writing rules (RULES_WRITTEN_ON), None for any other row."""
+    collection = entry.get("collection")
+    if entry.get("split", "fit") != "fit" or collection not in RULES_WRITTEN_ON:
+        return None
+    if collection == SECOND_COLLECTION and entry["model"] not in HYBRID_MODELS:
+        return None  # the hybrid KV rules read the hybrid rows only
+    return RULES_WRITTEN_ON[collection]
 
 
 def _calibrated_from_sibling(data: dict[str, Any], entry: dict[str, Any]) -> tuple[str, Plan] | None:
@@ -448,16 +433,8 @@ def run_gpu(out: Path | None, show_holdout: bool = True) -> int:
             row["set"] = "held-out (hash rule, not read while writing rules)"
         elif row["after_rules"]:
             row["set"] = "out of sample: found after the rules were written"
-        elif row["eighth_rule_row"]:
-            row["set"] = "in-sample: 8th 2026-12-03 collection, fit split, read while writing the KV-sharing refusal"
-        elif row["fifth_rule_row"]:
-            row["set"] = "in-sample: 5th 2026-12-03 collection, fit split, read while writing the 2026-12-03 rules"
-        elif row["hybrid_rule_row"]:
-            row["set"] = "in-sample: 2nd 2026-12-02 collection, fit split, read while writing the hybrid KV rules"
-        elif row["sampler_rule_row"] and row["collection"] == FOURTH_COLLECTION:
-            row["set"] = "in-sample: 4th 2026-12-02 collection, fit split, read while writing the V0 sampler rule"
-        elif row["sampler_rule_row"]:
-            row["set"] = "in-sample: 3rd 2026-12-02 collection, fit split, read while writing the sampler rules"
+        elif row["rule_set"]:
+            row["set"] = row["rule_set"]
         elif row["used_for_fit"]:
             row["set"] = "in-sample: found after, then a term fitted on them"
         elif row["collected"]:
