@@ -31,7 +31,13 @@ Three scores are printed:
   (BLIND9_RULES_SHA256, the diagnose.py of round 8's end, unchanged since round 7), split and reported like blind 4;
 - blind 10: more logs (`"batch": "issue23-blind10"`) collected after the rules were frozen a tenth time
   (BLIND10_RULES_SHA256, the diagnose.py of round 9's end), split and reported like blind 4.
-A further line adds up the held-out thirds of blind batches 4-9 (the target of issue 23: 95% on logs no rule saw).
+A further line adds up the held-out thirds of blind batches 4-10 (the target of issue 23: 95% on logs no rule saw).
+`--frozen-held-out` scores each held-out third with its own batch's frozen rules (read from git: the figure of record)
+and splits the total by `error_shown`: `"error_shown": false` marks a failure excerpt that stops before the line
+stating its error (the error only in the issue's title or prose). Batch 10's were marked when it was collected, before
+any scoring; the held-out thirds of batches 4-9 were marked afterwards by a helper that read only the log files (no
+index, no scores) with a literal criterion (an exception line or an error message naming the failure; frames, a
+Traceback header and wrapper lines such as "Engine core initialization failed" do not count).
 Entries with `seen_before_rule` were missed by the rules they were first scored with and passed only after a later
 rule was written with them in view: their pass is not a blind result, and each line says how many of them it holds.
 The script prints the SHA-256 of the diagnose.py it scored, so a blind figure can be matched to its frozen rules.
@@ -48,7 +54,9 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -144,6 +152,59 @@ def frozen_label(digest: str) -> str:
     return f" (the rules frozen for blind batches {', '.join(numbers[:-1])} and {numbers[-1]})"
 
 
+# A commit whose diagnose.py is each split batch's frozen file (checked against FROZEN_RULES when it is read).
+FROZEN_COMMITS = {
+    BLIND4_BATCH: "cfe3a128",
+    BLIND5_BATCH: "12680133",
+    BLIND6_BATCH: "32feff74",
+    BLIND7_BATCH: "ba51b3d1",
+    BLIND8_BATCH: "f1909746",
+    BLIND9_BATCH: "f1909746",
+    BLIND10_BATCH: "76eb2fe8",
+}
+
+
+def frozen_module(batch: str, folder: Path) -> ModuleType:
+    """The diagnose.py `batch` was first scored with, written into `folder` from git and loaded."""
+    for path in ("pytest_vllm_mem/diagnosis/diagnose.py", "pytest_vllm_mem/diagnose.py"):
+        shown = subprocess.run(
+            ["git", "show", f"{FROZEN_COMMITS[batch]}:{path}"], cwd=ROOT, capture_output=True, check=False
+        )
+        if shown.returncode == 0:
+            break
+    if hashlib.sha256(shown.stdout).hexdigest() != FROZEN_RULES[batch]:
+        raise SystemExit(f"{batch}: commit {FROZEN_COMMITS[batch]} does not hold its frozen diagnose.py")
+    target = folder / f"frozen_{batch.replace('-', '_')}.py"
+    target.write_bytes(shown.stdout)
+    return load(target)
+
+
+def frozen_held_out(index: dict[str, Any]) -> None:
+    """Each split batch's held-out third scored with that batch's frozen rules, by whether the excerpt shows its
+    error line."""
+    parts = {"failure excerpts showing their error line": Score(), "failure excerpts cut before it": Score()}
+    parts["started servers"] = Score()
+    with tempfile.TemporaryDirectory() as folder:
+        for batch in SPLIT_BATCHES:
+            module = frozen_module(batch, Path(folder))
+            for name, entry in index.items():
+                if entry.get("batch") != batch or not is_held_out(name, entry):
+                    continue
+                if entry["kind"] == "started":
+                    key = "started servers"
+                elif entry.get("error_shown", True):
+                    key = "failure excerpts showing their error line"
+                else:
+                    key = "failure excerpts cut before it"
+                score_entry(module, name, entry, parts[key])
+    for part in parts.values():
+        part.seen = 0  # each log is scored as its batch's frozen rules first scored it: no later rule is in it
+    label = f"held-out thirds of blind batches 4-{3 + len(SPLIT_BATCHES)}, each with its frozen rules"
+    for key, part in parts.items():
+        print(part.line(f"{label}, {key}"))
+    print(together(tuple(parts.values())).line(f"{label}, all"))
+
+
 def load(path: Path) -> ModuleType:
     """The module at `path`, loaded inside the pytest_vllm_mem package so its relative imports resolve."""
     sys.path.insert(0, str(ROOT))
@@ -231,8 +292,11 @@ def together(parts: tuple[Score, ...]) -> Score:
 def main(argv: list[str]) -> int:
     paths = [a for a in argv if not a.startswith("-")]
     path = Path(paths[0]) if paths else ROOT / "pytest_vllm_mem" / "diagnosis" / "diagnose.py"
-    module = load(path)
     index = json.loads((HERE / "index.json").read_text(encoding="utf-8"))
+    if "--frozen-held-out" in argv:
+        frozen_held_out(index)
+        return 0
+    module = load(path)
     corpus, held_out, blind, blind2, blind3 = Score(), Score(), Score(), Score(), Score()
     split = {batch: (Score(), Score()) for batch in SPLIT_BATCHES}  # (in-sample two thirds, held-out third)
     sets = {BLIND_BATCH: blind, BLIND2_BATCH: blind2, BLIND3_BATCH: blind3}
