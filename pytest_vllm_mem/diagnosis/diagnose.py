@@ -1538,6 +1538,38 @@ def _cut_in_check(lines: Sequence[_Line]) -> Diagnosis | None:
     return None
 
 
+# An excerpt cut inside a traceback with no error line anywhere, whose frames are in a step that allocates device
+# memory while it runs the model or maps memory (profile run, graph capture, sampler warm-up, KV cache allocation,
+# sleep-mode wake-up): the error is not in the log, so the kind is inferred, and said to be. In the public corpus 13
+# of 15 such excerpts were out-of-memory errors (the other two a memory-profiling assertion and a KV cache too small);
+# cut in weight loading or serving they were as often something else (1 of 2 each), so those are not read this way.
+_CUT_MEMORY_PHASES = frozenset({"profiling", "graph_capture", "sampler_warmup", "kv_cache_allocation", "wake_up"})
+
+
+def _shows_error(text: str) -> bool:
+    """An exception line, or a V0 worker's exception report with its message."""
+    worker = _WORKER_EXCEPTION.search(text)
+    return bool(_EXCEPTION_LINE.match(text.strip().strip("*")) or (worker and worker.group(2).strip()))
+
+
+def _cut_in_memory_phase(lines: Sequence[_Line]) -> Diagnosis | None:
+    last = next((entry for entry in reversed(lines) if _FRAME.match(entry.text)), None)
+    if last is None or len(lines) - last.index - 1 > _FRAME_SOURCE_LINES:
+        return None
+    if any(entry.may_be_error and _shows_error(entry.text) for entry in lines):
+        return None
+    phase = _traceback_phase(lines)
+    if phase not in _CUT_MEMORY_PHASES:
+        return None
+    frame = _FRAME.match(last.text)
+    summary = (
+        f"the log is cut inside its traceback {phase_words(phase)} (in {frame.group(2) if frame else 'a frame'}), "
+        "before the error line: inferred an out-of-memory error, what most often fails there (13 of 15 such public "
+        "logs); the full log shows the error"
+    )
+    return Diagnosis("cuda_oom", summary, (last.text.strip(), "cut before the error line (kind inferred)"), {}, phase)
+
+
 # An excerpt whose last line stops mid-word (an issue's stored text cut it): read as the message it starts, when only
 # one message the memory rules know starts that way and at least _CUT_MIN characters of it are there.
 _CUT_HEADS = (
@@ -1763,6 +1795,7 @@ def classify_failure(log_text: str, returncode: int | None) -> Diagnosis:
         or _dtype_check(lines)
         or _cut_in_check(lines)
         or _cut_tail(log_text)
+        or (_cut_in_memory_phase(lines) if returncode != -9 else None)
     )
     if diagnosis is not None:
         if returncode is not None:
