@@ -409,11 +409,26 @@ def _with_sampler_sort(
     return Estimate(sort, low, max(base.high, int(sort * 1.15)), "estimate")
 
 
-def gpu_non_torch(tp: int, nvlink: bool) -> Estimate:
-    """CUDA context and NCCL/custom all-reduce buffers: about 0.3 GiB on one GPU, ~2 GiB per GPU with NVLink TP."""
+# NVIDIA cards outside vLLM's torch symmetric-memory all-reduce (`SymmMemCommunicator` runs only on the compute
+# capabilities in `all_reduce_utils.SYMM_MEM_ALL_REDUCE_MAX_SIZES`, 9.0, 10.0, 10.3 and 10.7 in 0.32.0): every
+# pre-Hopper card, and the consumer and workstation Blackwells (12.0, 12.1), by the names CUDA gives them.
+NO_SYMM_MEM_NAMES = ("5090", "5080", "5070", "5060", "rtx 50", "rtx pro", "gb10")
+
+
+def symm_mem_all_reduce_card(card_name: str) -> bool:
+    """Whether vLLM's symmetric-memory all-reduce can run on the card; a name it cannot place counts as yes."""
+    name = card_name.lower()
+    return not (pre_hopper(name) or any(key in name for key in NO_SYMM_MEM_NAMES))
+
+
+def gpu_non_torch(tp: int, nvlink: bool, card_name: str = "") -> Estimate:
+    """CUDA context and NCCL/custom all-reduce buffers: about 0.3 GiB on one GPU; ~2 GiB per GPU with tensor parallel
+    over NVLink on the cards that run vLLM's symmetric-memory all-reduce (the 2.1 was fitted on H100 TP 2/4 rows of
+    0.19, 2.06-2.21 logged); NVLink bridges and PCIe P2P between other cards (RTX 3090 pairs, A100, RTX 5090) do not
+    reserve it: four in-sample rows planned with it came out 1.6-2.7 GiB short on KV."""
     if tp <= 1:
         return Estimate(int(0.3 * GIB), int(0.1 * GIB), int(0.8 * GIB), "estimate")
-    if nvlink:
+    if nvlink and symm_mem_all_reduce_card(card_name):
         return Estimate(int(2.1 * GIB), int(1.0 * GIB), int(3.6 * GIB), "estimate")
     return Estimate(int(0.6 * GIB), int(0.2 * GIB), int(1.5 * GIB), "estimate")
 
@@ -730,7 +745,7 @@ def _gpu_budget(
         env=s.env,
         card_name=card.name,
     )
-    non_torch = gpu_non_torch(s.tp * s.pp, card.nvlink)
+    non_torch = gpu_non_torch(s.tp * s.pp, card.nvlink, card.name)
     by_count = s.graph_in_budget and not (info.state is not None and release(s.version) >= GDN_TRANSIENT_SINCE)
     graph = gpu_graphs(info, eager=s.eager, max_num_seqs=s.seqs, tp=s.tp, in_budget=by_count, batched_tokens=s.batched)
     if cal.activation_bytes is not None:

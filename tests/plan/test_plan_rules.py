@@ -213,3 +213,35 @@ def test_vllm_0_10_to_0_16_profile_more_activation_than_0_17_on() -> None:
     assert new.activation.value / GIB == pytest.approx(2.23, abs=0.3)
     assert old.kv_bytes.value / GIB == pytest.approx(41.94, rel=0.05)
     assert new.kv_bytes.value / GIB == pytest.approx(45.34, rel=0.05)
+
+
+# --- non-torch memory of tensor parallelism: the symmetric-memory all-reduce cards only ----------------------------
+
+
+def test_the_large_tensor_parallel_non_torch_term_is_for_cards_that_run_symmetric_memory_all_reduce() -> None:
+    # vLLM's SymmMemCommunicator runs on compute capability 9.0/10.x only (all_reduce_utils.py, 0.32.0); the H100 TP
+    # rows of 0.19 logged 2.06-2.21 GiB non-torch. An A100 pair over NVLink (dennislee22, 0.10.1, TP 2) logged 12.02
+    # GiB of KV cache at 0.25 utilization: planned with the H100 term it came out 1.9 GiB short.
+    qwen = model("Qwen/Qwen2-7B-Instruct")
+    flags = {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.25, "max_model_len": 16384}
+    env = {"VLLM_USE_FLASHINFER_SAMPLER": "1"}  # the log says FlashInfer sampled
+    a100 = plan(
+        qwen,
+        flags,
+        Card("cuda", "NVIDIA A100-SXM4-80GB", int(79.25 * GIB), nvlink=True),
+        env=env,
+        vllm_version="0.10.1",
+    )
+    h100 = plan(
+        qwen, flags, Card("cuda", "NVIDIA H100 80GB HBM3", int(79.25 * GIB), nvlink=True), vllm_version="0.10.1"
+    )
+    assert round(a100.non_torch.value / GIB, 1) == 0.6 and round(h100.non_torch.value / GIB, 1) == 2.1
+    assert abs(a100.kv_bytes.value / GIB - 12.02) / 12.02 < 0.05
+    for name in ("NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 5090", "NVIDIA RTX PRO 6000 Blackwell", "A100"):
+        nvlinked = plan(qwen, flags, Card("cuda", name, int(23.6 * GIB), nvlink=True), vllm_version="0.27.1")
+        assert round(nvlinked.non_torch.value / GIB, 1) == 0.6, name
+    for name in ("H200", "NVIDIA B200", "GB300"):
+        assert (
+            round(plan(qwen, flags, Card("cuda", name, int(139 * GIB)), vllm_version="0.27.1").non_torch.value / GIB, 1)
+            == 2.1
+        )
