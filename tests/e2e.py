@@ -63,11 +63,12 @@ class SessionWatcher:
         ours = {proc.pid: proc for proc in processes_with_token(self.token)}
         own_session = os.getsid(0)
         for proc in psutil.process_iter(["pid"]):
-            try:
+            try:  # a process may end between the listing and these reads: it is then no leftover
                 session = os.getsid(proc.pid)
-            except OSError:
+                alive = proc.status() != psutil.STATUS_ZOMBIE
+            except (OSError, psutil.Error):
                 continue
-            if session in self.sessions and session != own_session and proc.status() != psutil.STATUS_ZOMBIE:
+            if session in self.sessions and session != own_session and alive:
                 ours[proc.pid] = proc
         return list(ours.values())
 
