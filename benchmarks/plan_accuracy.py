@@ -53,6 +53,10 @@ FIFTH_COLLECTION = "issue24-fifth-2026-12-03"
 # KV-sharing refusal (Gemma 3n / Gemma 4) was written from vLLM's source and checked on its fit-split rows (in-sample
 # from then on); its held-out rows stay out of sample.
 EIGHTH_COLLECTION = "issue24-eighth-2026-12-03"
+# The ninth (2026-12-04: RTX 4090/3090 Ti, L40S, RTX PRO 6000, H100, B300, MI300X startups, Gemma 4, Qwen3-VL and
+# Qwen3.5 among them), split by the hash rule before its one run with the plan frozen at commit 4dce973
+# (gpu_plan_accuracy_ninth_frozen.json).
+NINTH_COLLECTION = "issue24-ninth-2026-12-04"
 # The fit-split rows of each collection rules were written on after its one run, with the in-sample set they join
 # (the second's hybrid (Gated DeltaNet) KV rules read only its HYBRID_MODELS rows); held-out rows stay out of sample.
 RULES_WRITTEN_ON = {
@@ -461,7 +465,14 @@ def run_gpu(out: Path | None, show_holdout: bool = True) -> int:
         _print_table(
             "rows by collection (each split by the hash rule before it was planned)", tables["collection"], "collection"
         )
-        for collection in (SECOND_COLLECTION, THIRD_COLLECTION, FOURTH_COLLECTION, FIFTH_COLLECTION, EIGHTH_COLLECTION):
+        for collection in (
+            SECOND_COLLECTION,
+            THIRD_COLLECTION,
+            FOURTH_COLLECTION,
+            FIFTH_COLLECTION,
+            EIGHTH_COLLECTION,
+            NINTH_COLLECTION,
+        ):
             _print_collection_splits(rows, collection)
     fit = [r for r in rows if not r["out_of_sample"]]
     _print_table("in-sample rows by release family", _table(fit, "release_family"), "release_family")
