@@ -30,8 +30,10 @@ Three scores are printed:
 - blind 9: more logs (`"batch": "issue23-blind9"`) collected after the rules were frozen a ninth time
   (BLIND9_RULES_SHA256, the diagnose.py of round 8's end, unchanged since round 7), split and reported like blind 4;
 - blind 10: more logs (`"batch": "issue23-blind10"`) collected after the rules were frozen a tenth time
-  (BLIND10_RULES_SHA256, the diagnose.py of round 9's end), split and reported like blind 4.
-A further line adds up the held-out thirds of blind batches 4-10 (the target of issue 23: 95% on logs no rule saw).
+  (BLIND10_RULES_SHA256, the diagnose.py of round 9's end), split and reported like blind 4;
+- blind 11: more logs (`"batch": "issue23-blind11"`) read after the rules were frozen an eleventh time
+  (BLIND11_RULES_SHA256, round 11's cut-excerpt rule), split and reported like blind 4.
+A further line adds up the held-out thirds of blind batches 4-11 (the target of issue 23: 95% on logs no rule saw).
 `--frozen-held-out` scores each held-out third with its own batch's frozen rules (read from git: the figure of record)
 and splits the total by `error_shown`: `"error_shown": false` marks a failure excerpt that stops before the line
 stating its error (the error only in the issue's title or prose). Batch 10's were marked when it was collected, before
@@ -101,6 +103,10 @@ BLIND9_RULES_SHA256 = BLIND8_RULES_SHA256
 # logs was collected; split in thirds by the same hash rule as batch 4.
 BLIND10_BATCH = "issue23-blind10"
 BLIND10_RULES_SHA256 = "b98d90ca1e1f6605d24a8d0debf0cb2128d6a31caac393bc1d39bb7d6b1adc50"
+# The eleventh blind batch: frozen again (this diagnose.py, round 11's cut-excerpt rule, commit 63b47c1) before any of
+# its logs was read; split in thirds by the same hash rule as batch 4.
+BLIND11_BATCH = "issue23-blind11"
+BLIND11_RULES_SHA256 = "a9fc9b4174ee2be072e8f7a9c05039b4b066757e5b7f7a2729c24df720eb0121"
 # The batches split in thirds by the hash rule, with the ordinal their lines are printed with.
 SPLIT_BATCHES = {
     BLIND4_BATCH: "a fourth",
@@ -110,6 +116,7 @@ SPLIT_BATCHES = {
     BLIND8_BATCH: "an eighth",
     BLIND9_BATCH: "a ninth",
     BLIND10_BATCH: "a tenth",
+    BLIND11_BATCH: "an eleventh",
 }
 # Every blind batch, in the order collected, with the diagnose.py its rules were frozen at.
 FROZEN_RULES = {
@@ -123,6 +130,7 @@ FROZEN_RULES = {
     BLIND8_BATCH: BLIND8_RULES_SHA256,
     BLIND9_BATCH: BLIND9_RULES_SHA256,
     BLIND10_BATCH: BLIND10_RULES_SHA256,
+    BLIND11_BATCH: BLIND11_RULES_SHA256,
 }
 _OLD_PHASE_WORDS = (
     ("while profiling", "profiling"),
@@ -136,7 +144,7 @@ _OLD_PHASE_WORDS = (
 
 def is_held_out(name: str, entry: dict[str, Any]) -> bool:
     """The split rule, fixed before the issue-23 logs were scored: a third of that batch (and of blind batches 4, 5,
-    6, 7, 8, 9 and 10), by a hash of the name."""
+    6, 7, 8, 9, 10 and 11), by a hash of the name."""
     return (entry.get("batch") == HELD_OUT_BATCH or entry.get("batch") in SPLIT_BATCHES) and int(
         hashlib.sha256(name.encode()).hexdigest(), 16
     ) % 3 == 0
@@ -161,6 +169,7 @@ FROZEN_COMMITS = {
     BLIND8_BATCH: "f1909746",
     BLIND9_BATCH: "f1909746",
     BLIND10_BATCH: "76eb2fe8",
+    BLIND11_BATCH: "63b47c18",
 }
 
 
