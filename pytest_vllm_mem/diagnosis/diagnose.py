@@ -260,15 +260,23 @@ _KV_TOKENS = re.compile(rf"KV cache size:\s*({_INT})\s*tokens")
 _V0_BLOCKS = re.compile(r"# (?:GPU|CUDA|cuda) blocks: (\d+)\b")
 _CONCURRENCY = re.compile(rf"Maximum concurrency for\s*({_INT})\s*tokens per request:\s*({_NUM})x")
 _GRAPHS = re.compile(rf"Graph capturing finished in\s*({_NUM})\s*secs?,\s*took\s*({_NUM})\s*GiB")
+# V0 releases before the graph pool was measured (0.6.3 and older) print the seconds alone.
+_GRAPHS_SECS = re.compile(rf"Graph capturing finished in\s*({_NUM})\s*secs?\b")
 _ENGINE_INIT = re.compile(rf"init engine \(profile, create kv cache, warmup model\) took\s*({_NUM})\s*s")
 # gpu_worker.py (0.10+), after graph capture: "Free memory on device (F/T GiB) on startup. Desired GPU memory
 # utilization is (U, R GiB). Actual usage is C GiB for consumed memory (weights + non-torch), P GiB for peak
-# activation, and G GiB for CUDAGraph memory. ..."
+# activation, and G GiB for CUDAGraph memory. ..." (0.32); other releases split the first term: "Actual usage is
+# W GiB for weight, P GiB for peak activation, N GiB for non-torch memory, and G GiB for CUDAGraph memory" (0.19).
 _GPU_TOTALS = re.compile(
     rf"Free memory on device\s*\S*\s*\(({_NUM})/({_NUM}) GiB\) on startup\. Desired GPU memory utilization is "
-    rf"\(({_NUM}), ({_NUM}) GiB\)\.(?: Actual usage is ({_NUM}) GiB for consumed memory \(weights \+ non-torch\), "
-    rf"({_NUM}) GiB for peak activation, and ({_NUM}) GiB for CUDAGraph memory)?"
+    rf"\(({_NUM}), ({_NUM}) GiB\)\.(?: Actual usage is (?:(?P<consumed>{_NUM}) GiB for consumed memory "
+    rf"\(weights \+ non-torch\), (?P<peak>{_NUM}) GiB for peak activation|(?P<weights>{_NUM}) GiB for weight, "
+    rf"(?P<split_peak>{_NUM}) GiB for peak activation, (?P<non_torch>{_NUM}) GiB for non-torch memory),? and "
+    rf"(?P<graphs>{_NUM}) GiB for CUDAGraph memory)?"
 )
+# Its closing sentence, the KV cache the worker kept: "Current kv cache memory in use is K GiB." (vllm-ascend: "Current
+# KV cache memory: K GiB.").
+_CURRENT_KV = re.compile(rf"Current (?:KV cache memory:|kv cache memory in use is) ({_NUM}) GiB", re.IGNORECASE)
 # vllm-ascend's worker says "ACL graph pool memory: ..." for the same figures.
 _GRAPH_POOL = re.compile(rf"(?:CUDA|ACL) graph pool memory:\s*({_NUM}) GiB \(actual\),\s*({_NUM}) GiB \(estimated\)")
 # vllm-ascend's worker.py after its "Free memory on device ... Desired GPU memory utilization is (...)." prefix:
@@ -278,7 +286,6 @@ _NPU_USAGE = re.compile(
     rf"Actual usage: ({_NUM}) GiB for weights, ({_NUM}) GiB for peak activation, ({_NUM}) GiB for non-torch "
     rf"memory, ({_NUM}) GiB for NPU graph memory"
 )
-_CURRENT_KV = re.compile(rf"Current KV cache memory: ({_NUM}) GiB")
 _GRAPH_ESTIMATE = re.compile(rf"Estimated CUDA graph memory:\s*({_NUM}) GiB total")
 # "CUDA graph memory profiling is enabled ... The current --gpu-memory-utilization=0.9200 is equivalent to ...
 # increase --gpu-memory-utilization to 0.9271." / "... is disabled ... increasing --gpu-memory-utilization from U to S."
@@ -359,7 +366,10 @@ _LINE_FIGURES: tuple[tuple[tuple[re.Pattern[str], _Fields], ...], ...] = (
     # GPU prints the pool in GiB; the CPU worker prints "(kv/node total) GiB for KV cache" instead.
     ((_KV_GIB, (("kv_cache_gib", float),)), (_CPU_KV, (("kv_cache_gib", float), ("device_total_gib", float)))),
     ((_KV_TOKENS, (("kv_cache_tokens", _int),)),),
-    ((_GRAPHS, (("graph_capture_s", float), ("graph_capture_gib", float))),),
+    (
+        (_GRAPHS, (("graph_capture_s", float), ("graph_capture_gib", float))),
+        (_GRAPHS_SECS, (("graph_capture_s", float),)),
+    ),
     ((_ENGINE_INIT, (("engine_init_s", float),)),),
 )
 
@@ -451,11 +461,15 @@ def parse_startup_memory(log_text: str) -> StartupMemory:
         values.update(
             startup_free_gib=free, device_total_gib=total, gpu_memory_utilization=utilization, requested_gib=requested
         )
-        if totals.group(5) is not None:
-            consumed, peak, graphs = (float(totals.group(i)) for i in range(5, 8))
+        usage = _gpu_usage(totals)
+        if usage is not None:
+            consumed, peak, graphs, weights = usage
             values.update(
                 non_kv_gib=round(consumed + peak + graphs, 2), activation_peak_gib=peak, graph_pool_gib=graphs
             )
+            if weights is not None:
+                values.setdefault("weights_gib", weights)
+            grab(_CURRENT_KV, ("kv_cache_gib", float))
     npu = _first(lines, _NPU_USAGE, wrapped=True)
     if npu:
         weights, peak, non_torch, graphs = (float(npu.group(i)) for i in range(1, 5))
@@ -471,11 +485,12 @@ def parse_startup_memory(log_text: str) -> StartupMemory:
         current = profiling.group(1) or profiling.group(3)
         values.setdefault("gpu_memory_utilization", float(current))
         values["suggested_utilization"] = float(profiling.group(2) or profiling.group(4))
-        if "profiling is enabled" in profiling.group(0) and totals and totals.group(5) is not None:
+        usage = _gpu_usage(totals) if totals else None
+        if "profiling is enabled" in profiling.group(0) and usage is not None:
             # Since 0.21 (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1) the summary's "peak activation" already holds
             # the graph estimate (gpu_worker.py: peak_activation_memory = transient_peak_headroom +
             # cudagraph_memory_estimate_applied); adding the CUDAGraph figure counted the graphs twice.
-            consumed, peak, graphs = (float(totals.group(i)) for i in range(5, 8))
+            consumed, peak, graphs, _ = usage
             estimate = values.get("graph_pool_estimate_gib")
             transient = peak - estimate if estimate is not None else peak - graphs
             values["non_kv_gib"] = round(consumed + max(transient, 0.0) + graphs, 2)
@@ -578,11 +593,13 @@ _ALLOCATION_FAILED = re.compile(
     r"Tried to allocate \d+(?:\.\d+)?\s*[KMGT]?i?B\W+(?:\(\s*)?(?:GPU|XPU|NPU|HPU|device)\s*\d*\W.{0,40}total capacity"
 )
 # Ray's memory monitor killing a worker because the *node* (host RAM) ran low: ray.exceptions.OutOfMemoryError, the
-# "Memory on the node ... exceeds the memory usage threshold" detail, and the raylet's periodic summary. Not device
-# memory, though the exception's name says OutOfMemoryError.
+# "Memory on the node ... exceeds the memory usage threshold" detail, the raylet's periodic summary, and the link to
+# Ray's OOM-prevention page that ends each of its kill messages (an excerpt may keep only that and the process table).
+# Not device memory, though the exception's name says OutOfMemoryError.
 _RAY_HOST_OOM = re.compile(
     r"ray\.exceptions\.OutOfMemoryError\b|Task was killed due to the node running low on memory"
     r"|which exceeds the memory usage threshold of|killed due to memory pressure \(OOM\)"
+    r"|docs\.ray\.io/\S*/ray-oom-prevention\b"
 )
 # The kernel's OOM killer as dmesg/journal print it: "Out of memory: Killed process 1234 (python)"; Kubernetes and
 # docker report the container killed at its memory limit as "OOMKilled" (Reason: OOMKilled, "OOMKilled": true).
@@ -1276,6 +1293,18 @@ def _kv_figures(lines: Sequence[_Line]) -> Diagnosis | None:
             )
             return Diagnosis("kv_cache_insufficient", summary, (line.text.strip(),), figures, "kv_cache_allocation")
     return _v0_blocks_short(lines) or _free_short(lines)
+
+
+def _gpu_usage(totals: re.Match[str]) -> tuple[float, float, float, float | None] | None:
+    """The GPU worker summary's usage figures in GiB: (weights + non-torch, peak activation, CUDAGraph, weights when
+    the release prints them apart), or None when the summary stops before them."""
+    if totals.group("graphs") is None:
+        return None
+    graphs = float(totals.group("graphs"))
+    if totals.group("consumed") is not None:
+        return float(totals.group("consumed")), float(totals.group("peak")), graphs, None
+    weights = float(totals.group("weights"))
+    return weights + float(totals.group("non_torch")), float(totals.group("split_peak")), graphs, weights
 
 
 def _free_short(lines: Sequence[_Line]) -> Diagnosis | None:
