@@ -57,6 +57,10 @@ EIGHTH_COLLECTION = "issue24-eighth-2026-12-03"
 # Qwen3.5 among them), split by the hash rule before its one run with the plan frozen at commit 4dce973
 # (gpu_plan_accuracy_ninth_frozen.json).
 NINTH_COLLECTION = "issue24-ninth-2026-12-04"
+# The tenth (2026-12-04: startups of models already on file, on A100 40GB, L40S, RTX 5090/5070 Ti/PRO 6000, H100,
+# MI300X and a Radeon W7900), split by the hash rule before its one run with the same frozen plan
+# (gpu_plan_accuracy_tenth_frozen.json).
+TENTH_COLLECTION = "issue24-tenth-2026-12-04"
 # The fit-split rows of each collection rules were written on after its one run, with the in-sample set they join
 # (the second's hybrid (Gated DeltaNet) KV rules read only its HYBRID_MODELS rows); held-out rows stay out of sample.
 RULES_WRITTEN_ON = {
@@ -472,6 +476,7 @@ def run_gpu(out: Path | None, show_holdout: bool = True) -> int:
             FIFTH_COLLECTION,
             EIGHTH_COLLECTION,
             NINTH_COLLECTION,
+            TENTH_COLLECTION,
         ):
             _print_collection_splits(rows, collection)
     fit = [r for r in rows if not r["out_of_sample"]]
