@@ -32,8 +32,10 @@ Three scores are printed:
 - blind 10: more logs (`"batch": "issue23-blind10"`) collected after the rules were frozen a tenth time
   (BLIND10_RULES_SHA256, the diagnose.py of round 9's end), split and reported like blind 4;
 - blind 11: more logs (`"batch": "issue23-blind11"`) read after the rules were frozen an eleventh time
-  (BLIND11_RULES_SHA256, round 11's cut-excerpt rule), split and reported like blind 4.
-A further line adds up the held-out thirds of blind batches 4-11 (the target of issue 23: 95% on logs no rule saw).
+  (BLIND11_RULES_SHA256, round 11's cut-excerpt rule), split and reported like blind 4;
+- blind 12: more logs (`"batch": "issue23-blind12"`) read after the rules were frozen a twelfth time
+  (BLIND12_RULES_SHA256, round 12's final rules), split and reported like blind 4.
+A further line adds up the held-out thirds of blind batches 4-12 (the target of issue 23: 95% on logs no rule saw).
 `--frozen-held-out` scores each held-out third with its own batch's frozen rules (read from git: the figure of record)
 and splits the total by `error_shown`: `"error_shown": false` marks a failure excerpt that stops before the line
 stating its error (the error only in the issue's title or prose). Batch 10's were marked when it was collected, before
@@ -107,6 +109,10 @@ BLIND10_RULES_SHA256 = "b98d90ca1e1f6605d24a8d0debf0cb2128d6a31caac393bc1d39bb7d
 # its logs was read; split in thirds by the same hash rule as batch 4.
 BLIND11_BATCH = "issue23-blind11"
 BLIND11_RULES_SHA256 = "a9fc9b4174ee2be072e8f7a9c05039b4b066757e5b7f7a2729c24df720eb0121"
+# The twelfth blind batch: frozen again (round 12's final rules, commit b46308a) before any of its logs was read; split
+# in thirds by the same hash rule as batch 4.
+BLIND12_BATCH = "issue23-blind12"
+BLIND12_RULES_SHA256 = "0b89cfa7f301b2931fde9d45603523fdc6d1bbb53a4b24aaca3692f043a81c7d"
 # The batches split in thirds by the hash rule, with the ordinal their lines are printed with.
 SPLIT_BATCHES = {
     BLIND4_BATCH: "a fourth",
@@ -117,6 +123,7 @@ SPLIT_BATCHES = {
     BLIND9_BATCH: "a ninth",
     BLIND10_BATCH: "a tenth",
     BLIND11_BATCH: "an eleventh",
+    BLIND12_BATCH: "a twelfth",
 }
 # Every blind batch, in the order collected, with the diagnose.py its rules were frozen at.
 FROZEN_RULES = {
@@ -131,6 +138,7 @@ FROZEN_RULES = {
     BLIND9_BATCH: BLIND9_RULES_SHA256,
     BLIND10_BATCH: BLIND10_RULES_SHA256,
     BLIND11_BATCH: BLIND11_RULES_SHA256,
+    BLIND12_BATCH: BLIND12_RULES_SHA256,
 }
 _OLD_PHASE_WORDS = (
     ("while profiling", "profiling"),
@@ -144,7 +152,7 @@ _OLD_PHASE_WORDS = (
 
 def is_held_out(name: str, entry: dict[str, Any]) -> bool:
     """The split rule, fixed before the issue-23 logs were scored: a third of that batch (and of blind batches 4, 5,
-    6, 7, 8, 9, 10 and 11), by a hash of the name."""
+    6, 7, 8, 9, 10, 11 and 12), by a hash of the name."""
     return (entry.get("batch") == HELD_OUT_BATCH or entry.get("batch") in SPLIT_BATCHES) and int(
         hashlib.sha256(name.encode()).hexdigest(), 16
     ) % 3 == 0
@@ -170,6 +178,7 @@ FROZEN_COMMITS = {
     BLIND9_BATCH: "f1909746",
     BLIND10_BATCH: "76eb2fe8",
     BLIND11_BATCH: "63b47c18",
+    BLIND12_BATCH: "b46308a3",
 }
 
 
