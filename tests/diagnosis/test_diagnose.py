@@ -1268,15 +1268,16 @@ BATCH_SIZES = {
     "issue23-blind9": (30, 14),
     "issue23-blind10": (29, 12),
     "issue23-blind11": (30, 7),
+    "issue23-blind12": (19, 8),
 }
 
 
 def test_cut_excerpts_are_marked_on_failures_of_split_batches_only() -> None:
     # error_shown: false marks a failure excerpt that stops before its error line (score.py --frozen-held-out splits
-    # the held-out figure by it): batch 10's 9 and batch 11's 9 when they were collected, 12 of the held-out thirds of
-    # batches 4-9 after.
+    # the held-out figure by it): batch 10's 9, batch 11's 9 and batch 12's 6 when they were collected, 12 of the
+    # held-out thirds of batches 4-9 after.
     cut = [name for name, entry in INDEX.items() if entry.get("error_shown") is False]
-    assert len(cut) == 30
+    assert len(cut) == 36
     split = set(_score_module().SPLIT_BATCHES)  # type: ignore[attr-defined]
     assert all(INDEX[name]["kind"] != "started" and INDEX[name].get("batch") in split for name in cut)
 
@@ -1357,11 +1358,17 @@ def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.Captu
         in out
     )
     assert "blind batch 11, held-out third: 3/7 logs right" in out
+    # Blind batch 12, frozen at BLIND12_RULES_SHA256 (round 12's final rules): in-sample 7/11, held-out third 6/8; no
+    # rule was written (every in-sample miss is cut before its error line).
+    assert (
+        "blind batch 12, in-sample two thirds (collected after the rules froze a twelfth time): 7/11 logs right" in out
+    )
+    assert "blind batch 12, held-out third: 6/8 logs right" in out
     # Round 11's cut-excerpt rule, written after all of batches 4-10 were seen, passes 12 more of them (3 held out);
-    # with batch 11, 75/88 and 145/160 now; the held-out figure of record stays each batch's frozen score (score.py
-    # --frozen-held-out: 69/88).
-    assert "held-out thirds of blind batches 4-11: 75/88 logs right" in out and "(6 of them seen before" in out
-    assert "never fitted, together: 145/160 logs right" in out
+    # with batches 11 and 12, 81/96 and 151/168 now; the held-out figure of record stays each batch's frozen score
+    # (score.py --frozen-held-out: 75/96).
+    assert "held-out thirds of blind batches 4-12: 81/96 logs right" in out and "(6 of them seen before" in out
+    assert "never fitted, together: 151/168 logs right" in out
 
 
 # --- round 4: lines as they reach users, configuration checks by where they raise --------------------------------
