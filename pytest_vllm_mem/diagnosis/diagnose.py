@@ -456,20 +456,17 @@ def parse_startup_memory(log_text: str) -> StartupMemory:
     grab(_V0_BLOCKS, ("kv_cache_blocks", _int))
     grab(_CONCURRENCY, ("max_concurrency_tokens", _int), ("max_concurrency", float))
     totals = _first(lines, _GPU_TOTALS, wrapped=True)
+    usage = _gpu_usage(totals) if totals else None
     if totals:
         free, total, utilization, requested = (float(totals.group(i)) for i in range(1, 5))
         values.update(
             startup_free_gib=free, device_total_gib=total, gpu_memory_utilization=utilization, requested_gib=requested
         )
-        usage = _gpu_usage(totals)
-        if usage is not None:
-            consumed, peak, graphs, weights = usage
-            values.update(
-                non_kv_gib=round(consumed + peak + graphs, 2), activation_peak_gib=peak, graph_pool_gib=graphs
-            )
-            if weights is not None:
-                values.setdefault("weights_gib", weights)
-            grab(_CURRENT_KV, ("kv_cache_gib", float))
+    if usage is not None:
+        consumed, peak, graphs, weights = usage
+        values.update(non_kv_gib=round(consumed + peak + graphs, 2), activation_peak_gib=peak, graph_pool_gib=graphs)
+        if weights is not None:
+            values.setdefault("weights_gib", weights)
     npu = _first(lines, _NPU_USAGE, wrapped=True)
     if npu:
         weights, peak, non_torch, graphs = (float(npu.group(i)) for i in range(1, 5))
@@ -477,6 +474,7 @@ def parse_startup_memory(log_text: str) -> StartupMemory:
         values.update(
             activation_peak_gib=peak, graph_pool_gib=graphs, non_kv_gib=round(weights + peak + non_torch + graphs, 2)
         )
+    if usage is not None or npu:  # the summary's closing sentence: the KV cache it kept
         grab(_CURRENT_KV, ("kv_cache_gib", float))
     grab(_GRAPH_POOL, ("graph_pool_gib", float), ("graph_pool_estimate_gib", float))
     grab(_GRAPH_ESTIMATE, ("graph_pool_estimate_gib", float))
@@ -485,7 +483,6 @@ def parse_startup_memory(log_text: str) -> StartupMemory:
         current = profiling.group(1) or profiling.group(3)
         values.setdefault("gpu_memory_utilization", float(current))
         values["suggested_utilization"] = float(profiling.group(2) or profiling.group(4))
-        usage = _gpu_usage(totals) if totals else None
         if "profiling is enabled" in profiling.group(0) and usage is not None:
             # Since 0.21 (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1) the summary's "peak activation" already holds
             # the graph estimate (gpu_worker.py: peak_activation_memory = transient_peak_headroom +
