@@ -19,12 +19,16 @@ from typing import Any
 from pytest_vllm_mem.plan.memory_plan import Calibration, Plan
 from pytest_vllm_mem.units import GIB
 
-# Flags that change the overheads (profile batch, graph capture, sharding, dtypes); others do not.
+# Flags that change the overheads (profile batch, graph capture, sharding, dtypes); others do not. Pipeline stages and
+# expert parallelism change what one GPU holds (its layers, its experts and the all-to-all buffers), so a startup of
+# one split says nothing exact about another.
 SHAPE_FLAGS = (
     "max_num_batched_tokens",
     "max_num_seqs",
     "enforce_eager",
     "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "enable_expert_parallel",
     "dtype",
     "quantization",
     "kv_cache_dtype",

@@ -10,7 +10,7 @@ import pytest
 from pytest_vllm_mem.cli.main import main
 from pytest_vllm_mem.plan.calibration import CalibrationStore, calibration_key, from_startup
 from pytest_vllm_mem.plan.known_models import KNOWN_CONFIGS
-from pytest_vllm_mem.plan.memory_plan import GIB, Card, plan
+from pytest_vllm_mem.plan.memory_plan import GIB, Calibration, Card, plan
 from pytest_vllm_mem.plan.modelinfo import model_info_from_config
 
 LLAMA2_7B = KNOWN_CONFIGS["meta-llama/Llama-2-7b-hf"]
@@ -107,6 +107,17 @@ def test_calibration_round_trip_makes_the_next_plan_exact(tmp_path: Path) -> Non
     )
     assert lower.kv_bytes.value / GIB == pytest.approx(5.02 - 0.05 * 22.03, abs=0.01)
     assert store.get(calibration_key("llama", "0.32.0", "NVIDIA L4")) is None
+
+
+def test_a_calibration_is_not_reused_across_pipeline_stages_or_expert_parallelism(tmp_path: Path) -> None:
+    # One GPU of a 2-stage pipeline holds half the layers: a TP-1/PP-1 startup's weights and overheads are not its own
+    # (a public RTX PRO 6000 pair logged 61.03 GiB of Qwen3-32B weights on one card and 30.52 per card at PP 2).
+    store = CalibrationStore(tmp_path / "calibration.json")
+    single = {"tensor_parallel_size": 1}
+    store.put(calibration_key("qwen", "0.27.1", "RTX PRO 6000", single), Calibration(weights_bytes=61 * GIB))
+    assert store.find("qwen", "0.27.1", single) is not None
+    assert store.find("qwen", "0.27.1", {**single, "pipeline_parallel_size": 2}) is None
+    assert store.find("qwen", "0.27.1", {**single, "enable_expert_parallel": True}) is None
 
 
 def test_tuner_trials_decided_by_the_plan_do_not_spend_startups() -> None:
