@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pytest_vllm_mem.plan import refusals
+from pytest_vllm_mem.plan.auto_fit import CANNOT_AUTO_FIT, auto_fit_requested, fitted_max_model_len
 from pytest_vllm_mem.plan.batch_defaults import batch_defaults
 from pytest_vllm_mem.plan.cudagraphs import FULL_CAPTURE_SIZES, capture_sizes, full_cudagraphs
 from pytest_vllm_mem.plan.errors import PlanError, PlanRefused, PlanUnsupported
@@ -575,6 +576,7 @@ class _Setup:
     env: Mapping[str, str] = field(default_factory=dict)  # the server's environment (sampler kernel choice)
     spec: Speculative | None = None  # --speculative-config (speculative.py)
     full_graphs: bool = True  # FULL CUDA graphs captured (cudagraphs.py)
+    auto_fit_limit: int = 0  # --max-model-len auto: the model's own limit, which vLLM profiles with (auto_fit.py)
 
 
 @dataclass(frozen=True)
@@ -636,6 +638,22 @@ def _explicit_kv(flags: Mapping[str, Any], env: Mapping[str, str], cpu: bool) ->
     return (parse_size(str(kv_flag)) if kv_flag is not None else None), []
 
 
+# vLLM turns its hybrid KV manager off for chunked local attention models (Llama 4) "by default" because of a latency
+# regression, unless VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1: from 0.10.1 (absent in 0.10.0) to 0.13,
+# where the variable defaults to 0; 0.14 made it 1 (VllmConfig.__post_init__ and envs.py, read in the 0.10.0, 0.10.1,
+# 0.11.0, 0.13.0, 0.14.0 and 0.33.0 wheels). Off, every chunked layer keeps the whole context, as full attention.
+CHUNKED_OFF_HYBRID = ((0, 10, 1), (0, 14, 0))
+CHUNKED_HYBRID_ENV = "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE"
+
+
+def _chunked_attention_off_hybrid(info: ModelInfo, version: str | None, env: Mapping[str, str]) -> bool:
+    if info.attention_chunk_size is None:
+        return False
+    patch = patch_release(version) or (99, 0, 0)
+    default = "0" if CHUNKED_OFF_HYBRID[0] <= patch < CHUNKED_OFF_HYBRID[1] else "1"
+    return patch >= CHUNKED_OFF_HYBRID[0] and env.get(CHUNKED_HYBRID_ENV, default).strip() == "0"
+
+
 def _setup(
     info: ModelInfo, flags: Mapping[str, Any], card: Card, env: Mapping[str, str], version: str | None, default: float
 ) -> _Setup:
@@ -680,7 +698,8 @@ def _setup(
         requested=math.ceil(card.total_bytes * utilization),
         graph_in_budget=release(version) >= GRAPH_IN_BUDGET_SINCE,
         explicit_kv=explicit_kv,
-        hybrid_manager=not _flag(flags, "disable_hybrid_kv_cache_manager", False),
+        hybrid_manager=not _flag(flags, "disable_hybrid_kv_cache_manager", False)
+        and not _chunked_attention_off_hybrid(info, version, env),
         notes=tuple(notes),
         version=version,
         states=states,
@@ -813,6 +832,7 @@ def _verdict(
     s: _Setup, card: Card, b: _Budget, *, kv: int, weights: int, peak: int, tier_bytes: int | None
 ) -> tuple[str, str]:
     one_request = b.layout.one_request_bytes()
+    fitted = s.auto_fit_limit and b.layout.longest_context(kv, s.block) > 0
     if not s.cpu and weights + b.non_torch.low > card.total_bytes:
         return "weights_too_large", (
             f"the weights ({format_bytes(weights)} per GPU) do not fit on the {format_bytes(card.total_bytes)} card"
@@ -832,7 +852,9 @@ def _verdict(
             f"the worker's non-KV memory ({format_bytes(b.activation.value)}) uses up its "
             f"{format_bytes(s.requested)} share: nothing is left for the KV cache"
         )
-    if kv < one_request or b.layout.blocks(kv) < b.layout.blocks_per_request:
+    if s.auto_fit_limit and not fitted:
+        return "kv_cache_insufficient", CANNOT_AUTO_FIT
+    if not fitted and (kv < one_request or b.layout.blocks(kv) < b.layout.blocks_per_request):
         what = "no KV cache memory is left" if kv <= 0 else f"the KV cache ({format_bytes(kv)})"
         return "kv_cache_insufficient", (
             f"{what} cannot hold one {s.max_model_len:,}-token sequence (needs {format_bytes(one_request)}); the "
@@ -869,10 +891,18 @@ def plan(
     PlanRefused with vLLM's reason; configs the plan does not model raise PlanUnsupported.
     """
     env = env or {}
+    auto_fit = auto_fit_requested(flags, vllm_version)
+    if auto_fit:  # vLLM profiles with the model's own limit, then fits the length to the pool
+        flags = {name: value for name, value in flags.items() if name != "max_model_len"}
     s = _setup(info, flags, card, env, vllm_version, default_utilization)
     quantization = _flag(flags, "quantization")
     budgets = _budgets(info, s, card, calibration or Calibration(), quantization, env)
     b = min(budgets, key=lambda one: (one.layout.blocks(one.kv.value), -one.stage))  # the stage that binds
+    if auto_fit:
+        fitted = fitted_max_model_len(s.max_model_len, b.layout.longest_context(b.kv.value, s.block))
+        s = replace(s, auto_fit_limit=s.max_model_len, max_model_len=fitted or s.max_model_len)
+        budgets = _budgets(info, s, card, calibration or Calibration(), quantization, env)
+        b = min(budgets, key=lambda one: (one.layout.blocks(one.kv.value), -one.stage))
     old_count = release(vllm_version) < TOKENS_FROM_CONCURRENCY_SINCE
     kv_tokens = Estimate(
         b.layout.tokens(b.kv.value, s.max_model_len, old_count),
@@ -923,6 +953,15 @@ def plan(
 
 def _notes(info: ModelInfo, s: _Setup, b: _Budget, stages: int) -> list[str]:
     notes = []
+    if s.auto_fit_limit and b.layout.longest_context(b.kv.value, s.block) <= 0:
+        notes.append("max_model_len auto: not one token fits the KV pool")
+    elif s.auto_fit_limit:
+        notes.append(
+            f"max_model_len auto: vLLM fits it to {s.max_model_len:,} tokens (the model's limit is "
+            f"{s.auto_fit_limit:,}), the longest one request of which the KV pool holds"
+            if s.max_model_len < s.auto_fit_limit
+            else f"max_model_len auto: the model's whole {s.auto_fit_limit:,} tokens fit"
+        )
     if b.layout.hybrid:
         groups = ", ".join(f"{n} {kind}" for kind, n in b.layout.groups)
         notes.append(

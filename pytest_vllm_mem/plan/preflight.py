@@ -78,7 +78,8 @@ def ladder(
     rungs = []
     for name, rung_flags in LADDER:
         flags = {**base_flags, **rung_flags}
-        if info.max_position_embeddings and int(flags.get("max_model_len") or 0) > info.max_position_embeddings:
+        length = str(flags.get("max_model_len") or 0)  # a number, or `auto` (vLLM fits it itself)
+        if info.max_position_embeddings and length.isdigit() and int(length) > info.max_position_embeddings:
             flags["max_model_len"] = info.max_position_embeddings
         result = plan(info, launch(flags), card, **plan_args)
 

@@ -1,0 +1,82 @@
+"""`--max-model-len auto` (vLLM 0.14+): the plan fits the length to the KV pool as vLLM does, instead of refusing
+`auto` as a bad number (which it did before)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from gpu_startups import model
+
+from pytest_vllm_mem.cli.main import main
+from pytest_vllm_mem.plan.auto_fit import CANNOT_AUTO_FIT
+from pytest_vllm_mem.plan.errors import PlanRefused
+from pytest_vllm_mem.plan.memory_plan import GIB, Card, plan
+
+H100 = Card("cuda", "H100 80GB", int(79.19 * GIB))
+RTX_4090 = Card("cuda", "NVIDIA GeForce RTX 4090", int(23.55 * GIB))
+
+
+def test_the_fitted_length_is_the_one_vllm_logged() -> None:
+    # vllm#29431 (the PR that added auto), Llama-4-Scout at PP 2 with the hybrid KV manager disabled: "Auto-fit
+    # max_model_len: reduced from 10485760 to 324640 to fit in available GPU memory (29.72 GiB available for KV
+    # cache)". 29.72 is rounded to 0.01 GiB: +-0.005 GiB is +-55 tokens of this layout.
+    scout = model("meta-llama/Llama-4-Scout-17B-16E-Instruct")
+    flags = {
+        "max_model_len": "auto",
+        "pipeline_parallel_size": 2,
+        "disable_hybrid_kv_cache_manager": True,
+        "kv_cache_memory_bytes": int(29.72 * GIB),
+    }
+    fitted = plan(scout, flags, H100, vllm_version="0.14.0")
+    assert fitted.max_model_len == pytest.approx(324_640, abs=55 + 16)
+    assert any("fits it to" in note and "10,485,760" in note for note in fitted.notes)
+
+
+def test_auto_fits_a_context_that_the_models_own_limit_does_not() -> None:
+    llama = model("meta-llama/Llama-3.1-8B-Instruct")  # 131,072 tokens of context
+    whole = plan(llama, {"gpu_memory_utilization": 0.9}, RTX_4090, vllm_version="0.33.0")
+    assert whole.verdict == "kv_cache_insufficient"
+    for value in ("auto", "-1", -1):
+        fitted = plan(llama, {"gpu_memory_utilization": 0.9, "max_model_len": value}, RTX_4090, vllm_version="0.33.0")
+        assert fitted.verdict == "fits"
+        assert fitted.max_model_len == whole.longest_context < 131_072
+        assert fitted.kv_bytes.value == whole.kv_bytes.value  # the pool is sized before the length is fitted
+
+
+def test_auto_is_refused_where_vllms_parser_takes_a_number_only() -> None:
+    llama = model("meta-llama/Llama-3.1-8B-Instruct")
+    with pytest.raises(PlanRefused, match=re.escape("invalid int value: 'auto'")):
+        plan(llama, {"max_model_len": "auto"}, H100, vllm_version="0.13.0")
+    assert plan(llama, {"max_model_len": "auto"}, H100, vllm_version="0.14.0").verdict == "fits"
+
+
+def test_auto_fails_as_vllm_does_when_not_one_token_fits() -> None:
+    llama = model("meta-llama/Llama-3.1-8B-Instruct")
+    starved = plan(llama, {"max_model_len": "auto", "gpu_memory_utilization": 0.66}, RTX_4090, vllm_version="0.33.0")
+    assert starved.verdict == "kv_cache_insufficient"
+    assert starved.summary == CANNOT_AUTO_FIT
+
+
+def test_the_plan_command_takes_auto(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["plan", "--model", "tiny", "--tier", "8gb", "--flag", "max_model_len=auto", "--vllm-version", "0.33.0"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "max_model_len auto" in out
+
+
+def test_llama4_chunked_attention_keeps_the_whole_context_where_vllm_turns_the_hybrid_manager_off() -> None:
+    # The same vllm#29431 log says "Hybrid KV cache manager is disabled for this hybrid model" (that build's
+    # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE defaulted to 0, as 0.10.1-0.13 do): its chunked layers
+    # keep the whole context, and 29.72 GiB holds 324,640 tokens at PP 2. 0.14 defaults the variable to 1.
+    scout = model("meta-llama/Llama-4-Scout-17B-16E-Instruct")
+    flags = {"max_model_len": 65_536, "pipeline_parallel_size": 2, "kv_cache_memory_bytes": int(29.72 * GIB)}
+    off = plan(scout, flags, H100, vllm_version="0.13.0")
+    on = plan(scout, flags, H100, vllm_version="0.14.0")
+    assert off.longest_context == pytest.approx(324_640, abs=55 + 16)
+    assert on.longest_context > 3 * off.longest_context  # three of four layers hold one 8,192-token chunk
+    assert plan(scout, flags, H100, vllm_version="0.10.0").longest_context == on.longest_context
+    opted_in = {"VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE": "1"}
+    assert plan(scout, flags, H100, vllm_version="0.13.0", env=opted_in).longest_context == on.longest_context
+    opted_out = {"VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE": "0"}
+    assert plan(scout, flags, H100, vllm_version="0.33.0", env=opted_out).longest_context == off.longest_context
