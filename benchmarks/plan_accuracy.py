@@ -61,6 +61,10 @@ NINTH_COLLECTION = "issue24-ninth-2026-12-04"
 # MI300X and a Radeon W7900), split by the hash rule before its one run with the same frozen plan
 # (gpu_plan_accuracy_tenth_frozen.json).
 TENTH_COLLECTION = "issue24-tenth-2026-12-04"
+# The eleventh (2026-12-04: models already on file on RTX PRO 6000 x4 at TP 4 / EP / PP 4, L4, L40S, RTX 4090/5090,
+# A100 40GB and the unified-memory GB10 and Radeon 8060S), gathered while the plan was still changing but first read
+# after it was frozen at commit 6e9335d; split by the hash rule before its one run (gpu_plan_accuracy_eleventh_frozen).
+ELEVENTH_COLLECTION = "issue24-eleventh-2026-12-04"
 # The fit-split rows of each collection rules were written on after its one run, with the in-sample set they join
 # (the second's hybrid (Gated DeltaNet) KV rules read only its HYBRID_MODELS rows); held-out rows stay out of sample.
 RULES_WRITTEN_ON = {
@@ -477,6 +481,7 @@ def run_gpu(out: Path | None, show_holdout: bool = True) -> int:
             EIGHTH_COLLECTION,
             NINTH_COLLECTION,
             TENTH_COLLECTION,
+            ELEVENTH_COLLECTION,
         ):
             _print_collection_splits(rows, collection)
     fit = [r for r in rows if not r["out_of_sample"]]
