@@ -258,6 +258,11 @@ _CPU_NON_KV = re.compile(rf"({_NUM}) GiB memory was consumed by non-kv usages")
 _KV_TOKENS = re.compile(rf"KV cache size:\s*({_INT})\s*tokens")
 # V0's executor: "# GPU blocks: 2361, # CPU blocks: 512" (0.2's "# cuda blocks").
 _V0_BLOCKS = re.compile(r"# (?:GPU|CUDA|cuda) blocks: (\d+)\b")
+# vLLM's KVCacheConfig as platform plugins print it (tpu_inference: "Hybrid KV cache layout: ...,
+# kv_cache_config.num_blocks=15912"), and tpu_inference's per-chip HBM after the cache is made ("hbm=[(14.5, 15.75)]Gb":
+# used and total of the first chip).
+_CONFIG_BLOCKS = re.compile(r"\bkv_cache_config\.num_blocks=(\d+)\b")
+_TPU_HBM = re.compile(rf"\bhbm=\[\(({_NUM}), ({_NUM})\)")
 _CONCURRENCY = re.compile(rf"Maximum concurrency for\s*({_INT})\s*tokens per request:\s*({_NUM})x")
 _GRAPHS = re.compile(rf"Graph capturing finished in\s*({_NUM})\s*secs?,\s*took\s*({_NUM})\s*GiB")
 # V0 releases before the graph pool was measured (0.6.3 and older) print the seconds alone.
@@ -453,10 +458,13 @@ def parse_startup_memory(log_text: str) -> StartupMemory:
         any(grab(pattern, *fields) for pattern, fields in wordings)  # the first wording the log has
     grab(_CPU_REQUESTED, ("requested_gib", float))
     grab(_CPU_NON_KV, ("non_kv_gib", float))
-    grab(_V0_BLOCKS, ("kv_cache_blocks", _int))
+    grab(_V0_BLOCKS, ("kv_cache_blocks", _int)) or grab(_CONFIG_BLOCKS, ("kv_cache_blocks", _int))
     grab(_CONCURRENCY, ("max_concurrency_tokens", _int), ("max_concurrency", float))
     totals = _first(lines, _GPU_TOTALS, wrapped=True)
     usage = _gpu_usage(totals) if totals else None
+    hbm = None if totals else _first(lines, _TPU_HBM)
+    if hbm:
+        values["device_total_gib"] = float(hbm.group(2))
     if totals:
         free, total, utilization, requested = (float(totals.group(i)) for i in range(1, 5))
         values.update(
@@ -600,8 +608,19 @@ _RAY_HOST_OOM = re.compile(
 )
 # The kernel's OOM killer as dmesg/journal print it: "Out of memory: Killed process 1234 (python)"; Kubernetes and
 # docker report the container killed at its memory limit as "OOMKilled" (Reason: OOMKilled, "OOMKilled": true).
-_KERNEL_OOM = re.compile(r"Out of memory: Kill(?:ed)? process|\bOOMKilled\b(?!\W{1,3}false)")
+# An excerpt may drop the head and keep the kill line, whose total-vm/anon-rss figures only the OOM killer prints.
+_KERNEL_OOM = re.compile(
+    r"Out of memory: Kill(?:ed)? process|\bOOMKilled\b(?!\W{1,3}false)"
+    r"|Killed process \d+ \([^)]*\)\s+total-vm:\d+kB"
+)
+# The CPU backend's startup check, the free-memory check of a GPU with the host's RAM as its device: "Available memory
+# on node 0 (3.86/16.0 GiB) on startup is less than desired CPU memory utilization (0.92, 14.72 GiB)".
+_CPU_NODE_STARTUP = re.compile(
+    rf"Available memory on node (\d+) \(({_NUM})/({_NUM}) GiB\) on startup is less than\s*desired CPU memory"
+    rf"\s*utilization(?: \(({_NUM}), ({_NUM}) GiB\))?"
+)
 _HOST_OOM = re.compile(
+    rf"{_CPU_NODE_STARTUP.pattern}|"
     r"on kv cache\s*allocation is less than requested memory for kv|Cannot allocate memory|std::bad_alloc"
     r"|reserved for it on node \d+, leaving none\s*for the KV cache"
     r"|DefaultCPUAllocator: can't allocate memory|(?<![A-Za-z])MemoryError\b"
@@ -699,6 +718,10 @@ def _format_size(gib: float) -> str:
     return f"{gib * 1024:.2f} MiB" if abs(gib) < 1 else f"{gib:.2f} GiB"
 
 
+# uvicorn's access log line for an answered API request ('"POST /v1/chat/completions HTTP/1.1" 200 OK'): the server
+# was up and serving by then, whatever the log kept of its startup.
+_ACCESS_LINE = r'"(?:POST|GET) /v1/\S* HTTP/\d(?:\.\d)?" \d{3}\b'
+
 # Startup milestones in the order vLLM reaches them: the last one seen tells how far a start got (STARTUP_PHASES
 # names them; startup_milestone reads them).
 _MILESTONES: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -720,7 +743,7 @@ _MILESTONES: tuple[tuple[re.Pattern[str], str], ...] = (
     ),
     (re.compile(r"Graph capturing finished"), "warming up"),
     (re.compile(r"init engine \(profile, create kv cache, warmup model\)"), "starting the API server"),
-    (re.compile(r"Application startup complete|Starting vLLM (?:API )?server on"), "serving"),
+    (re.compile(rf"Application startup complete|Starting vLLM (?:API )?server on|{_ACCESS_LINE}"), "serving"),
 )
 STARTUP_PHASES: tuple[str, ...] = tuple(name for _, name in _MILESTONES)
 PRE_STARTUP_PHASE = "starting the API server process"  # what a start is doing before its first milestone
@@ -821,7 +844,9 @@ def _traceback_phase(lines: Sequence[_Line]) -> str | None:
     return None
 
 
-_READY = re.compile(r"Application startup complete|Starting vLLM (?:API )?server on|init engine \(profile, create kv")
+_READY = re.compile(
+    rf"Application startup complete|Starting vLLM (?:API )?server on|init engine \(profile, create kv|{_ACCESS_LINE}"
+)
 
 
 def _oom_phase(lines: Sequence[_Line], hit: _Line, running: bool = False) -> str | None:
@@ -1122,12 +1147,28 @@ _CPU_WORKER_OVER = re.compile(
 )
 
 
+def _cpu_node_startup(match: re.Match[str], related: list[str]) -> Diagnosis:
+    free, total = float(match.group(2)), float(match.group(3))
+    figures = {"free_gib": free, "host_total_gib": total}
+    summary = (
+        f"only {free:.2f} of {total:.2f} GiB of host memory were free on node {match.group(1)} at startup (the CPU "
+        "backend's device is the host's RAM)"
+    )
+    if match.group(4):
+        figures.update(gpu_memory_utilization=float(match.group(4)), requested_gib=float(match.group(5)))
+        summary += f", but gpu_memory_utilization {match.group(4)} asks for {float(match.group(5)):.2f} GiB"
+    return Diagnosis("host_memory", summary, related, figures, "device_check")
+
+
 def _host_memory(lines: Sequence[_Line], hit: _Line) -> Diagnosis:
     related = _related(lines, _HOST_OOM)
     joined = " ".join(related)
     auto = _CPU_AUTO_SHORT.search(joined)
     explicit = _CPU_EXPLICIT_SHORT.search(joined)
     over = _CPU_WORKER_OVER.search(_following(lines, hit))
+    startup = _wrapped_match(_CPU_NODE_STARTUP, lines, hit)
+    if startup:
+        return _cpu_node_startup(startup, _dedupe(related or [hit.text]))
     figures: dict[str, float] = {}
     phase: str | None = None
     if over:
