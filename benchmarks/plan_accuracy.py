@@ -68,6 +68,7 @@ ELEVENTH_COLLECTION = "issue24-eleventh-2026-12-04"
 # The fit-split rows of each collection rules were written on after its one run, with the in-sample set they join
 # (the second's hybrid (Gated DeltaNet) KV rules read only its HYBRID_MODELS rows); held-out rows stay out of sample.
 RULES_WRITTEN_ON = {
+    ELEVENTH_COLLECTION: "in-sample: 11th 2026-12-04 collection, fit split, read while writing the hf_overrides rule",
     EIGHTH_COLLECTION: "in-sample: 8th 2026-12-03 collection, fit split, read while writing the KV-sharing refusal",
     FIFTH_COLLECTION: "in-sample: 5th 2026-12-03 collection, fit split, read while writing the 2026-12-03 rules",
     SECOND_COLLECTION: "in-sample: 2nd 2026-12-02 collection, fit split, read while writing the hybrid KV rules",

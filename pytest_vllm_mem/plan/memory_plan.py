@@ -35,7 +35,8 @@ from pytest_vllm_mem.plan.layers import (
     state_blocks_per_request,
     state_shape,
 )
-from pytest_vllm_mem.plan.modelinfo import ModelInfo, ModelInfoError, ceil_div, dtype_bytes
+from pytest_vllm_mem.plan.json_flags import json_flag
+from pytest_vllm_mem.plan.modelinfo import ModelInfo, ModelInfoError, ceil_div, dtype_bytes, with_hf_overrides
 from pytest_vllm_mem.plan.speculative import Speculative, check_drafter, mtp_layers, speculative
 from pytest_vllm_mem.plan.weights import architecture_weight_bytes
 from pytest_vllm_mem.units import GIB, format_bytes, parse_size
@@ -891,6 +892,9 @@ def plan(
     PlanRefused with vLLM's reason; configs the plan does not model raise PlanUnsupported.
     """
     env = env or {}
+    overrides = json_flag(flags, "hf_overrides")
+    if overrides:  # vLLM reads the model's config with them applied (a longer RoPE context, another dtype)
+        info = with_hf_overrides(info, overrides)
     auto_fit = auto_fit_requested(flags, vllm_version)
     if auto_fit:  # vLLM profiles with the model's own limit, then fits the length to the pool
         flags = {name: value for name, value in flags.items() if name != "max_model_len"}

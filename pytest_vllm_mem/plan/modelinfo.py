@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -453,6 +454,35 @@ def model_info_from_config(
     )
 
 
+def with_hf_overrides(info: ModelInfo, overrides: Mapping[str, Any]) -> ModelInfo:
+    """`info` as vLLM reads the config under `--hf-overrides` (ModelConfig.__post_init__ and _apply_dict_overrides,
+    read in 0.33.0): a plain value replaces the top-level key; an object updates the nested config of that name key
+    by key (recursively), or replaces a plain key (`rope_scaling`). A config stored flat (the language model's fields
+    at the top, as some entries here are) takes a `text_config` object at the top."""
+    config = json.loads(json.dumps(info.raw))  # a deep copy of plain JSON
+    for key, value in overrides.items():
+        if key == "text_config" and isinstance(value, Mapping) and not isinstance(config.get(key), dict):
+            _update_nested(config, value)
+        elif isinstance(value, Mapping) and isinstance(config.get(key), dict) and _is_config(config[key]):
+            _update_nested(config[key], value)
+        else:
+            config[key] = value
+    return model_info_from_config(config, name=info.name, folder=info.folder, checkpoint=info.checkpoint)
+
+
+def _is_config(value: dict[str, Any]) -> bool:
+    """A nested sub-config (text_config, vision_config: they name a model_type or hold layers), not a dict value."""
+    return "model_type" in value or "num_hidden_layers" in value or "hidden_size" in value
+
+
+def _update_nested(config: dict[str, Any], overrides: Mapping[str, Any]) -> None:
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(config.get(key), dict) and _is_config(config[key]):
+            _update_nested(config[key], value)
+        else:
+            config[key] = dict(value) if isinstance(value, Mapping) else value
+
+
 def load_model_info(model: str, *, read_weights: bool = True) -> ModelInfo:
     """Read `model` (a local folder or a hub name already in the local HF cache) without touching the network."""
     folder = find_model_folder(model)
@@ -503,4 +533,5 @@ __all__ = [
     "load_model_info",
     "model_info_from_config",
     "read_safetensors_header",
+    "with_hf_overrides",
 ]

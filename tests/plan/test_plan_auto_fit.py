@@ -1,8 +1,9 @@
 """`--max-model-len auto` (vLLM 0.14+): the plan fits the length to the KV pool as vLLM does, instead of refusing
-`auto` as a bad number (which it did before)."""
+`auto` as a bad number (which it did before); and the config flags that change the length vLLM derives."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -12,6 +13,7 @@ from pytest_vllm_mem.cli.main import main
 from pytest_vllm_mem.plan.auto_fit import CANNOT_AUTO_FIT
 from pytest_vllm_mem.plan.errors import PlanRefused
 from pytest_vllm_mem.plan.memory_plan import GIB, Card, plan
+from pytest_vllm_mem.plan.modelinfo import with_hf_overrides
 
 H100 = Card("cuda", "H100 80GB", int(79.19 * GIB))
 RTX_4090 = Card("cuda", "NVIDIA GeForce RTX 4090", int(23.55 * GIB))
@@ -80,3 +82,31 @@ def test_llama4_chunked_attention_keeps_the_whole_context_where_vllm_turns_the_h
     assert plan(scout, flags, H100, vllm_version="0.13.0", env=opted_in).longest_context == on.longest_context
     opted_out = {"VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE": "0"}
     assert plan(scout, flags, H100, vllm_version="0.33.0", env=opted_out).longest_context == off.longest_context
+
+
+def test_hf_overrides_are_applied_to_the_config_as_vllm_reads_it() -> None:
+    qwen = model("Qwen/Qwen3.8-27B")  # 262,144 positions
+    gb10 = Card("cuda", "NVIDIA GB10", int(119.63 * GIB))
+    flags = {"max_model_len": 524_288, "enable_prefix_caching": False}
+    with pytest.raises(PlanRefused, match=re.escape("greater than the derived max_model_len")):
+        plan(qwen, flags, gb10, vllm_version="0.27.1")
+    # A RoPE factor vLLM multiplies the positions by (_get_and_verify_max_len), given on the command line as JSON.
+    dynamic = {"text_config": {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}}
+    for given in (dynamic, json.dumps(dynamic)):
+        assert plan(qwen, {**flags, "hf_overrides": given}, gb10, vllm_version="0.27.1").max_model_len == 524_288
+    # YaRN leaves the positions as they are (vLLM takes them as already scaled): a public GB10 run of this model at
+    # 786,432 tokens with a YaRN factor-3 override also set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, and its log's pool held
+    # 820,013 tokens in 50.29 GiB.
+    yarn = {"text_config": {"rope_parameters": {"rope_type": "yarn", "factor": 3.0}}}
+    long = {**flags, "max_model_len": 786_432, "hf_overrides": yarn, "kv_cache_memory_bytes": int(50.29 * GIB)}
+    with pytest.raises(PlanRefused, match=re.escape("greater than the derived max_model_len")):
+        plan(qwen, long, gb10, vllm_version="0.27.1")
+    allowed = plan(qwen, long, gb10, vllm_version="0.27.1", env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"})
+    assert allowed.kv_tokens.value == pytest.approx(820_013, rel=0.005)
+    # A plain value replaces the top-level key: a shorter limit is refused above it.
+    with pytest.raises(PlanRefused, match=re.escape("(max_position_embeddings=65536.0")):
+        plan(qwen, {"max_model_len": 131_072, "hf_overrides": {"max_position_embeddings": 65536}}, H100)
+    # A nested config is updated key by key, the rest of it kept.
+    gemma = model("google/gemma-4-31B-it")
+    shorter = with_hf_overrides(gemma, {"text_config": {"max_position_embeddings": 8192}})
+    assert (shorter.derived_max_len, shorter.num_layers) == (8192, gemma.num_layers)
