@@ -65,6 +65,10 @@ TENTH_COLLECTION = "issue24-tenth-2026-12-04"
 # A100 40GB and the unified-memory GB10 and Radeon 8060S), gathered while the plan was still changing but first read
 # after it was frozen at commit 6e9335d; split by the hash rule before its one run (gpu_plan_accuracy_eleventh_frozen).
 ELEVENTH_COLLECTION = "issue24-eleventh-2026-12-04"
+# The twelfth (2026-12-04: H100 (SXM, NVL, 8x TP 8 + EP), H200, A100 80GB, MI300X, L4, T4; Gemma 4, Qwen3, Llama 3),
+# gathered after the plan was frozen at commit 7e456ee; split by the hash rule before its one run
+# (gpu_plan_accuracy_twelfth_frozen.json).
+TWELFTH_COLLECTION = "issue24-twelfth-2026-12-04"
 # The fit-split rows of each collection rules were written on after its one run, with the in-sample set they join
 # (the second's hybrid (Gated DeltaNet) KV rules read only its HYBRID_MODELS rows); held-out rows stay out of sample.
 RULES_WRITTEN_ON = {
@@ -483,6 +487,7 @@ def run_gpu(out: Path | None, show_holdout: bool = True) -> int:
             NINTH_COLLECTION,
             TENTH_COLLECTION,
             ELEVENTH_COLLECTION,
+            TWELFTH_COLLECTION,
         ):
             _print_collection_splits(rows, collection)
     fit = [r for r in rows if not r["out_of_sample"]]
