@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from model_configs import TINY_CONFIG
 
 from pytest_vllm_mem.plan.known_models import KNOWN_CONFIGS
 from pytest_vllm_mem.plan.memory_plan import (
@@ -205,19 +206,7 @@ def test_calibration_makes_kv_exact_and_tokens_follow_vllms_block_count() -> Non
 
 
 def test_cpu_plan_with_kvcache_space_is_exact() -> None:
-    tiny = info(
-        {
-            **LLAMA2_7B,
-            "hidden_size": 256,
-            "intermediate_size": 512,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "vocab_size": 3072,
-            "max_position_embeddings": 32768,
-            "torch_dtype": "bfloat16",
-        }
-    )
+    tiny = info(TINY_CONFIG)
     card = Card("cpu", "node 0", int(10.46 * GIB), available_bytes=9 * GIB)
     result = plan(tiny, {"max_model_len": 2048}, card, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     assert result.kv_bytes_per_token == 1024 and result.block_size == 128

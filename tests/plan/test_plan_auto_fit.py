@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 from gpu_startups import model
+from model_configs import TINY_CONFIG
 
 from pytest_vllm_mem.cli.main import main
 from pytest_vllm_mem.plan.auto_fit import CANNOT_AUTO_FIT
 from pytest_vllm_mem.plan.errors import PlanRefused
 from pytest_vllm_mem.plan.memory_plan import GIB, Card, plan
-from pytest_vllm_mem.plan.known_models import KNOWN_CONFIGS
 from pytest_vllm_mem.plan.modelinfo import model_info_from_config, with_hf_overrides
 
 H100 = Card("cuda", "H100 80GB", int(79.19 * GIB))
@@ -116,18 +116,6 @@ def test_hf_overrides_are_applied_to_the_config_as_vllm_reads_it() -> None:
 
 
 LOG = Path(__file__).resolve().parents[1] / "data" / "plan" / "cpu-0.32-auto-fit-tiny-16mib.log"
-# The package's tiny model (pytest_vllm_mem/tiny_model.py): 1,024 bytes of KV per token.
-TINY = {
-    **KNOWN_CONFIGS["meta-llama/Llama-2-7b-chat-hf"],
-    "hidden_size": 256,
-    "intermediate_size": 512,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 3072,
-    "max_position_embeddings": 32768,
-    "torch_dtype": "bfloat16",
-}
 
 
 def test_auto_fit_and_the_capacity_check_leave_out_the_null_block_from_0_29() -> None:
@@ -137,7 +125,7 @@ def test_auto_fit_and_the_capacity_check_leave_out_the_null_block_from_0_29() ->
     logged = LOG.read_text()
     fitted = int(re.search(r"reduced from \d+ to (\d+)", logged).group(1))  # type: ignore[union-attr]
     pool = int(re.search(r"KV cache size: ([\d,]+) tokens", logged).group(1).replace(",", ""))  # type: ignore[union-attr]
-    tiny = model_info_from_config(TINY, name="tiny")
+    tiny = model_info_from_config(TINY_CONFIG, name="tiny")
     node = Card("cpu", "CPU node", int(13.34 * GIB))
     flags = {"max_model_len": "auto", "kv_cache_memory_bytes": 16_777_216}
     planned = plan(tiny, flags, node, vllm_version="0.32.0")
