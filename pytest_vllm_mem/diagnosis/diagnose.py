@@ -99,9 +99,18 @@ def _unquote(text: str) -> str:
     return _TRAILING_MARKS.sub("", _QUOTE_MARKS.sub("", text, count=1), count=1)
 
 
+# An excerpt that starts a character or two into its first record: "RROR 12-18 19:47:34 engine.py:366] ..."
+_CUT_LEVEL = re.compile(r"^(RROR|ROR|NFO|ARNING|RNING|EBUG|RITICAL)(?=\s+\d{2}-\d{2}\s+\d{2}:\d{2}:\d{2})")
+_CUT_LEVELS = {
+    "RROR": "ERROR", "ROR": "ERROR", "NFO": "INFO", "ARNING": "WARNING", "RNING": "WARNING", "EBUG": "DEBUG",
+    "RITICAL": "CRITICAL",
+}  # fmt: skip
+
+
 def _split_prefix(line: str) -> tuple[str | None, str]:
     """(log level or None, message) of one raw log line."""
     text = _RAY_REPEATED.sub("", _unquote(strip_ansi(line)))
+    text = _CUT_LEVEL.sub(lambda cut: _CUT_LEVELS[cut.group(1)], text, count=1)
     header = _HEADER.search(text, 0, _HEADER_WITHIN + 40)
     if header and header.start() <= _HEADER_WITHIN:
         return header.group("level"), text[header.end() :].rstrip()
@@ -259,9 +268,10 @@ _KV_TOKENS = re.compile(rf"KV cache size:\s*({_INT})\s*tokens")
 # V0's executor: "# GPU blocks: 2361, # CPU blocks: 512" (0.2's "# cuda blocks").
 _V0_BLOCKS = re.compile(r"# (?:GPU|CUDA|cuda) blocks: (\d+)\b")
 # vLLM's KVCacheConfig as platform plugins print it (tpu_inference: "Hybrid KV cache layout: ...,
-# kv_cache_config.num_blocks=15912"), and tpu_inference's per-chip HBM after the cache is made ("hbm=[(14.5, 15.75)]Gb":
+# kv_cache_config.num_blocks=15912"), V1's stat logger ("vllm cache_config_info with initialization after
+# num_gpu_blocks is: 27873"), and tpu_inference's per-chip HBM after the cache is made ("hbm=[(14.5, 15.75)]Gb":
 # used and total of the first chip).
-_CONFIG_BLOCKS = re.compile(r"\bkv_cache_config\.num_blocks=(\d+)\b")
+_CONFIG_BLOCKS = re.compile(r"\b(?:kv_cache_config\.num_blocks=|num_gpu_blocks is: )(\d+)\b")
 _TPU_HBM = re.compile(rf"\bhbm=\[\(({_NUM}), ({_NUM})\)")
 _CONCURRENCY = re.compile(rf"Maximum concurrency for\s*({_INT})\s*tokens per request:\s*({_NUM})x")
 _GRAPHS = re.compile(rf"Graph capturing finished in\s*({_NUM})\s*secs?,\s*took\s*({_NUM})\s*GiB")
@@ -562,7 +572,12 @@ _FREE_MEMORY = re.compile(
 )
 _EXTERNAL_WEIGHTS = re.compile(r"Externally held weights on device.*exceed the\s+desired GPU memory utilization")
 _PROFILING_ERROR = re.compile(r"Error in memory profiling\.")
-_WEIGHTS_OOM = re.compile(r"Failed to load model - not enough GPU memory")
+# vLLM's own words for a device OOM while the weights are created: the loader's wrapper, and linear.py's RuntimeError
+# raised only on torch.cuda.OutOfMemoryError ("Failed to create unquantized linear weights. This may be caused by
+# insufficient memory to allocate the weight.", read in the 0.11.0 and 0.14.0 wheels).
+_WEIGHTS_OOM = re.compile(
+    r"Failed to load model - not enough GPU memory|Failed to create unquantized linear weights\. This may be caused by"
+)
 _KV_INSUFFICIENT = re.compile(
     r"No available memory for the cache blocks|KV cache is needed, which is larger than the available KV cache memory"
     r"|max seq len \(\d+\) is larger than the maximum number of tokens that can be stored in KV cache"
