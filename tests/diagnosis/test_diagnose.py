@@ -1270,15 +1270,16 @@ BATCH_SIZES = {
     "issue23-blind11": (30, 7),
     "issue23-blind12": (19, 8),
     "issue23-blind13": (35, 14),
+    "issue23-blind14": (34, 8),
 }
 
 
 def test_cut_excerpts_are_marked_on_failures_of_split_batches_only() -> None:
     # error_shown: false marks a failure excerpt that stops before its error line (score.py --frozen-held-out splits
-    # the held-out figure by it): batch 10's 9, batch 11's 9, batch 12's 6 and batch 13's 7 when they were collected,
-    # 12 of the held-out thirds of batches 4-9 after.
+    # the held-out figure by it): batch 10's 9, batch 11's 9, batch 12's 6, batch 13's 7 and batch 14's 1 when they
+    # were collected, 12 of the held-out thirds of batches 4-9 after.
     cut = [name for name, entry in INDEX.items() if entry.get("error_shown") is False]
-    assert len(cut) == 43
+    assert len(cut) == 44
     split = set(_score_module().SPLIT_BATCHES)  # type: ignore[attr-defined]
     assert all(INDEX[name]["kind"] != "started" and INDEX[name].get("batch") in split for name in cut)
 
@@ -1373,11 +1374,20 @@ def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.Captu
         in out
     )
     assert "blind batch 13, held-out third: 11/14 logs right" in out
+    # Blind batch 14, frozen at BLIND14_RULES_SHA256 (commit 8d047aeb, round 13's rules): the in-sample two thirds
+    # 22/26 -> 25/26 with round 14's rules (vLLM's weight-creation OOM wrapper, a level word cut at a paste's start,
+    # the num_gpu_blocks stat line; one rounded label figure corrected); the held-out third 6/8 as first labelled,
+    # 8/8 once two rounded seconds figures were written as printed (label_corrected).
+    assert (
+        "blind batch 14, in-sample two thirds (collected after the rules froze a fourteenth time): 25/26 logs right"
+        in out
+    )
+    assert "blind batch 14, held-out third: 8/8 logs right" in out
     # Round 11's cut-excerpt rule, written after all of batches 4-10 were seen, passes 12 more of them (3 held out);
-    # with batches 11-13, 92/110 and 162/182 now; the held-out figure of record stays each batch's frozen score
-    # (score.py --frozen-held-out: 86/110).
-    assert "held-out thirds of blind batches 4-13: 92/110 logs right" in out and "(6 of them seen before" in out
-    assert "never fitted, together: 162/182 logs right" in out
+    # with batches 11-14, 100/118 and 170/190 now; the held-out figure of record stays each batch's frozen score
+    # (score.py --frozen-held-out: 94/118).
+    assert "held-out thirds of blind batches 4-14: 100/118 logs right" in out and "(6 of them seen before" in out
+    assert "never fitted, together: 170/190 logs right" in out
 
 
 # --- round 4: lines as they reach users, configuration checks by where they raise --------------------------------
