@@ -1383,13 +1383,21 @@ _BAD_ARGUMENT = re.compile(r"error: argument ((?:--?[\w.\-]+/?)+):\s*(.*)")
 _VALIDATION = re.compile(r"\d+ validation errors? for (\w+)")
 
 
+# vLLM's get_config when the model given holds neither config file: not a model it can load (a diffusion pipeline, a
+# wrong folder).
+_NO_MODEL_CONFIG = re.compile(r"Could not detect config format for no config file found")
+
+
 def _usage(lines: Sequence[_Line]) -> Diagnosis | None:
     """How the model was given, not a flag's value: `vllm serve --model m`, no model, a model the entry point
-    does not take positionally."""
+    does not take positionally, a model with no config vLLM can read."""
     for line in lines:
         if not line.may_be_error:
             continue
         text = line.text.strip()
+        if _NO_MODEL_CONFIG.search(text):
+            summary = "the model given has no config.json (Hugging Face) or params.json (Mistral): vLLM cannot load it"
+            return Diagnosis("bad_flag", summary, (text,), {}, "usage")
         if _USAGE.search(text):
             if "--model" in text:
                 summary = "`vllm serve` takes the model as its first positional argument, not --model"
@@ -1547,6 +1555,9 @@ def _raising_frame(lines: Sequence[_Line], position: int) -> re.Match[str] | Non
 # that build them (vllm/engine/arg_utils.py). A ValueError raised there is a setting rejected before anything ran,
 # whichever check raised it (_verify_*, __post_init__, _get_quantization_config, create_engine_config, ...).
 _CONFIG_MODULE = re.compile(r"(?:^|[/\\])vllm[/\\](?:config(?:\.py$|[/\\])|engine[/\\]arg_utils\.py$)")
+# Config checks that live elsewhere: get_quant_config reads the checkpoint's quantization config for --quantization
+# while the config is built ("Cannot find the config file for awq": the checkpoint was not made with that method).
+_CONFIG_FUNCTIONS = frozenset({"get_quant_config"})
 
 
 def _raised_by_check(lines: Sequence[_Line]) -> Diagnosis | None:
@@ -1557,7 +1568,8 @@ def _raised_by_check(lines: Sequence[_Line]) -> Diagnosis | None:
         if raised is None or frame is None:
             continue
         function = frame.group(2)
-        if raised.group("type") == "ValueError" and _CONFIG_MODULE.search(frame.group("path")):
+        configured = _CONFIG_MODULE.search(frame.group("path")) or function in _CONFIG_FUNCTIONS
+        if raised.group("type") == "ValueError" and configured:
             summary = (
                 f"the configuration was rejected: {function} in vLLM's config raised {raised.group(0).strip()[:200]!r}"
             )
