@@ -1383,9 +1383,11 @@ _BAD_ARGUMENT = re.compile(r"error: argument ((?:--?[\w.\-]+/?)+):\s*(.*)")
 _VALIDATION = re.compile(r"\d+ validation errors? for (\w+)")
 
 
-# vLLM's get_config when the model given holds neither config file: not a model it can load (a diffusion pipeline, a
-# wrong folder).
-_NO_MODEL_CONFIG = re.compile(r"Could not detect config format for no config file found")
+# The model argument names nothing vLLM can load: get_config finds neither config file (a diffusion pipeline, a wrong
+# folder), or ModelConfig's validation finds no such hub repository or local folder.
+_NO_MODEL_CONFIG = re.compile(
+    r"Could not detect config format for no config file found|Invalid repository ID or local directory specified"
+)
 
 
 def _usage(lines: Sequence[_Line]) -> Diagnosis | None:
@@ -1396,7 +1398,10 @@ def _usage(lines: Sequence[_Line]) -> Diagnosis | None:
             continue
         text = line.text.strip()
         if _NO_MODEL_CONFIG.search(text):
-            summary = "the model given has no config.json (Hugging Face) or params.json (Mistral): vLLM cannot load it"
+            summary = (
+                "the model given is no hub repository or local folder with a config.json (Hugging Face) or "
+                "params.json (Mistral) vLLM can read"
+            )
             return Diagnosis("bad_flag", summary, (text,), {}, "usage")
         if _USAGE.search(text):
             if "--model" in text:

@@ -1271,6 +1271,7 @@ BATCH_SIZES = {
     "issue23-blind12": (19, 8),
     "issue23-blind13": (35, 14),
     "issue23-blind14": (34, 8),
+    "issue23-blind15": (35, 7),
 }
 
 
@@ -1383,11 +1384,19 @@ def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.Captu
         in out
     )
     assert "blind batch 14, held-out third: 8/8 logs right" in out
+    # Blind batch 15, frozen at BLIND15_RULES_SHA256 (commit 317cfc0c, round 14's rules): the in-sample two thirds
+    # 25/28 -> 27/28 with round 15's rules (a model with no config vLLM can read; get_quant_config's ValueError); the
+    # held-out third 7/7.
+    assert (
+        "blind batch 15, in-sample two thirds (collected after the rules froze a fifteenth time): 27/28 logs right"
+        in out
+    )
+    assert "blind batch 15, held-out third: 7/7 logs right" in out
     # Round 11's cut-excerpt rule, written after all of batches 4-10 were seen, passes 12 more of them (3 held out);
-    # with batches 11-14, 100/118 and 170/190 now; the held-out figure of record stays each batch's frozen score
-    # (score.py --frozen-held-out: 94/118).
-    assert "held-out thirds of blind batches 4-14: 100/118 logs right" in out and "(6 of them seen before" in out
-    assert "never fitted, together: 170/190 logs right" in out
+    # with batches 11-15, 107/125 and 177/197 now; the held-out figure of record stays each batch's frozen score
+    # (score.py --frozen-held-out: 101/125).
+    assert "held-out thirds of blind batches 4-15: 107/125 logs right" in out and "(6 of them seen before" in out
+    assert "never fitted, together: 177/197 logs right" in out
 
 
 # --- round 4: lines as they reach users, configuration checks by where they raise --------------------------------
