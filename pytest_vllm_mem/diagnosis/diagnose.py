@@ -1162,7 +1162,7 @@ _CPU_WORKER_OVER = re.compile(
 )
 
 
-def _cpu_node_startup(match: re.Match[str], related: list[str]) -> Diagnosis:
+def _cpu_node_startup(match: re.Match[str], related: tuple[str, ...]) -> Diagnosis:
     free, total = float(match.group(2)), float(match.group(3))
     figures = {"free_gib": free, "host_total_gib": total}
     summary = (

@@ -22,6 +22,7 @@ from pytest_vllm_mem.plan.auto_fit import CANNOT_AUTO_FIT, auto_fit_requested, f
 from pytest_vllm_mem.plan.batch_defaults import batch_defaults
 from pytest_vllm_mem.plan.cudagraphs import FULL_CAPTURE_SIZES, capture_sizes, full_cudagraphs
 from pytest_vllm_mem.plan.errors import PlanError, PlanRefused, PlanUnsupported
+from pytest_vllm_mem.plan.json_flags import json_flag
 from pytest_vllm_mem.plan.kv_layout import KVLayout, layout
 from pytest_vllm_mem.plan.layers import (
     CHUNKED,
@@ -35,7 +36,6 @@ from pytest_vllm_mem.plan.layers import (
     state_blocks_per_request,
     state_shape,
 )
-from pytest_vllm_mem.plan.json_flags import json_flag
 from pytest_vllm_mem.plan.modelinfo import ModelInfo, ModelInfoError, ceil_div, dtype_bytes, with_hf_overrides
 from pytest_vllm_mem.plan.speculative import Speculative, check_drafter, mtp_layers, speculative
 from pytest_vllm_mem.plan.weights import architecture_weight_bytes

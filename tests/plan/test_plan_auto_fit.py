@@ -63,7 +63,9 @@ def test_auto_fails_as_vllm_does_when_not_one_token_fits() -> None:
 
 
 def test_the_plan_command_takes_auto(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["plan", "--model", "tiny", "--tier", "8gb", "--flag", "max_model_len=auto", "--vllm-version", "0.33.0"])
+    code = main(
+        ["plan", "--model", "tiny", "--tier", "8gb", "--flag", "max_model_len=auto", "--vllm-version", "0.33.0"]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert "max_model_len auto" in out
