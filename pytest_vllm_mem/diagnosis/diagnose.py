@@ -1177,13 +1177,13 @@ def _cpu_node_startup(match: re.Match[str], related: tuple[str, ...]) -> Diagnos
 
 def _host_memory(lines: Sequence[_Line], hit: _Line) -> Diagnosis:
     related = _related(lines, _HOST_OOM)
+    startup = _wrapped_match(_CPU_NODE_STARTUP, lines, hit)
+    if startup:
+        return _cpu_node_startup(startup, _dedupe(related or [hit.text]))
     joined = " ".join(related)
     auto = _CPU_AUTO_SHORT.search(joined)
     explicit = _CPU_EXPLICIT_SHORT.search(joined)
     over = _CPU_WORKER_OVER.search(_following(lines, hit))
-    startup = _wrapped_match(_CPU_NODE_STARTUP, lines, hit)
-    if startup:
-        return _cpu_node_startup(startup, _dedupe(related or [hit.text]))
     figures: dict[str, float] = {}
     phase: str | None = None
     if over:

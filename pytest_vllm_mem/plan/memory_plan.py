@@ -669,6 +669,11 @@ def _usable_kv(s: _Setup, layout: KVLayout, kv: int) -> int:
     return kv - layout.page_bytes * layout.group_size
 
 
+def _longest_usable(s: _Setup, b: _Budget) -> int:
+    """The longest context one request of which fits the pool vLLM checks (the central KV estimate)."""
+    return b.layout.longest_context(_usable_kv(s, b.layout, b.kv.value), s.block)
+
+
 def _setup(
     info: ModelInfo, flags: Mapping[str, Any], card: Card, env: Mapping[str, str], version: str | None, default: float
 ) -> _Setup:
@@ -843,6 +848,11 @@ def _budgets(
     return [replace(_gpu_budget(info, s, card, cal, quantization, bounds), stage=i) for i, bounds in enumerate(stages)]
 
 
+def _binding_stage(budgets: list[_Budget]) -> _Budget:
+    """The pipeline stage with the fewest KV blocks (the earliest on a tie): it bounds what the server holds."""
+    return min(budgets, key=lambda one: (one.layout.blocks(one.kv.value), -one.stage))
+
+
 def _verdict(
     s: _Setup, card: Card, b: _Budget, *, kv: int, weights: int, peak: int, tier_bytes: int | None
 ) -> tuple[str, str]:
@@ -915,14 +925,14 @@ def plan(
         flags = {name: value for name, value in flags.items() if name != "max_model_len"}
     s = _setup(info, flags, card, env, vllm_version, default_utilization)
     quantization = _flag(flags, "quantization")
-    budgets = _budgets(info, s, card, calibration or Calibration(), quantization, env)
-    b = min(budgets, key=lambda one: (one.layout.blocks(one.kv.value), -one.stage))  # the stage that binds
-    if auto_fit:
-        longest = b.layout.longest_context(_usable_kv(s, b.layout, b.kv.value), s.block)
-        fitted = fitted_max_model_len(s.max_model_len, longest)
+    cal = calibration or Calibration()
+    budgets = _budgets(info, s, card, cal, quantization, env)
+    b = _binding_stage(budgets)
+    if auto_fit:  # the layout follows the fitted length; the pool does not move
+        fitted = fitted_max_model_len(s.max_model_len, _longest_usable(s, b))
         s = replace(s, auto_fit_limit=s.max_model_len, max_model_len=fitted or s.max_model_len)
-        budgets = _budgets(info, s, card, calibration or Calibration(), quantization, env)
-        b = min(budgets, key=lambda one: (one.layout.blocks(one.kv.value), -one.stage))
+        budgets = _budgets(info, s, card, cal, quantization, env)
+        b = _binding_stage(budgets)
     old_count = release(vllm_version) < TOKENS_FROM_CONCURRENCY_SINCE
     kv_tokens = Estimate(
         b.layout.tokens(b.kv.value, s.max_model_len, old_count),
@@ -957,7 +967,7 @@ def plan(
         max_concurrency=b.layout.concurrency(b.kv.value),
         verdict=verdict,
         summary=summary,
-        longest_context=b.layout.longest_context(_usable_kv(s, b.layout, b.kv.value), s.block),
+        longest_context=_longest_usable(s, b),
         peak_bytes=b.peak,
         tier_bytes=tier_bytes,
         vllm_version=vllm_version,
@@ -973,7 +983,7 @@ def plan(
 
 def _notes(info: ModelInfo, s: _Setup, b: _Budget, stages: int) -> list[str]:
     notes = []
-    if s.auto_fit_limit and b.layout.longest_context(_usable_kv(s, b.layout, b.kv.value), s.block) <= 0:
+    if s.auto_fit_limit and _longest_usable(s, b) <= 0:
         notes.append("max_model_len auto: not one token fits the KV pool")
     elif s.auto_fit_limit:
         notes.append(

@@ -8,6 +8,7 @@ checkpoint is sized in milliseconds; with `config.json` alone the weights come f
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import struct
@@ -459,14 +460,11 @@ def with_hf_overrides(info: ModelInfo, overrides: Mapping[str, Any]) -> ModelInf
     read in 0.33.0): a plain value replaces the top-level key; an object updates the nested config of that name key
     by key (recursively), or replaces a plain key (`rope_scaling`). A config stored flat (the language model's fields
     at the top, as some entries here are) takes a `text_config` object at the top."""
-    config = json.loads(json.dumps(info.raw))  # a deep copy of plain JSON
-    for key, value in overrides.items():
-        if key == "text_config" and isinstance(value, Mapping) and not isinstance(config.get(key), dict):
-            _update_nested(config, value)
-        elif isinstance(value, Mapping) and isinstance(config.get(key), dict) and _is_config(config[key]):
-            _update_nested(config[key], value)
-        else:
-            config[key] = value
+    config = copy.deepcopy(info.raw)
+    rest = dict(overrides)
+    if isinstance(rest.get("text_config"), Mapping) and not isinstance(config.get("text_config"), dict):
+        _update_nested(config, rest.pop("text_config"))  # stored flat: the top level is the text config
+    _update_nested(config, rest)
     return model_info_from_config(config, name=info.name, folder=info.folder, checkpoint=info.checkpoint)
 
 
