@@ -19,10 +19,16 @@ difference shows only when window + batch < max_model_len).
 State layers (Gated DeltaNet, Mamba; layers.py) are grouped the same way: their page is padded to the
 attention page, and one request takes a fixed number of pages per state group (`state_blocks`: 1, or 2 with prefix
 caching), whatever its length.
+
+Layers of different page sizes (Gemma 4: its full-attention layers have their own head size and KV head count)
+get one page size as `unify_kv_cache_spec_page_size` gives it (v1/core/kv_cache_utils.py, 0.32): a kind whose
+page divides the largest has its block raised by the ratio (more tokens per block), any other is padded to it.
+KV-shared layers (Gemma 3n / Gemma 4) keep no cache and are not passed in.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pytest_vllm_mem.plan.layers import CHUNKED, FULL, SLIDING, STATE_KINDS
@@ -40,7 +46,7 @@ class KVLayout:
     groups: tuple[tuple[str, int], ...]  # (kind, number of groups of that kind)
     bytes_per_token: int  # K/V bytes one token takes in the full-attention layers of this GPU (for display)
     full_blocks: int  # blocks one request takes in one full-attention group
-    block: int  # tokens per block
+    block: int  # tokens per block of the full-attention layers (raised where their page was the smaller)
 
     @property
     def hybrid(self) -> bool:
@@ -63,8 +69,9 @@ class KVLayout:
     def one_request_bytes(self) -> int:
         return self.blocks_per_request * self.page_bytes * self.group_size
 
-    def longest_context(self, kv_bytes: int, block: int) -> int:
+    def longest_context(self, kv_bytes: int) -> int:
         """The longest max_model_len one request of which fits (full-attention groups bound it)."""
+        block = self.block
         blocks = self.blocks(kv_bytes)
         if blocks <= 0:
             return 0
@@ -98,8 +105,15 @@ def layout(
     in_flight: int,
     hybrid_manager: bool = True,
     state_blocks: int = 1,
+    page_by_kind: Mapping[str, int] | None = None,
 ) -> KVLayout:
-    """The pool layout of one GPU's layers (`kinds`: one per layer that keeps a cache: attention or state)."""
+    """The pool layout of one GPU's layers (`kinds`: one per layer that keeps a cache: attention or state).
+    `page_by_kind`: a kind's page at `block` where it differs from `page_bytes`."""
+    pages = {kind: (page_by_kind or {}).get(kind, page_bytes) for kind in set(kinds)}
+    largest_page = max(pages.values())
+    blocks_of = {
+        kind: block * (largest_page // page if largest_page % page == 0 else 1) for kind, page in pages.items()
+    }
     counts: dict[str, int] = {}
     for kind in kinds if hybrid_manager else tuple(k if k in STATE_KINDS else FULL for k in kinds):
         counts[kind] = counts.get(kind, 0) + 1
@@ -110,7 +124,7 @@ def layout(
         kind: _blocks_for(
             kind,
             max_model_len=max_model_len,
-            block=block,
+            block=blocks_of.get(kind, block),
             window=window or 0,
             chunk=chunk or 0,
             in_flight=in_flight,
@@ -119,14 +133,15 @@ def layout(
         for kind in counts
     }
     full_layers = counts.get(FULL, 0)
+    token_bytes = pages.get(FULL, page_bytes) // block
     return KVLayout(
-        page_bytes=page_bytes,
+        page_bytes=largest_page,
         group_size=group_size,
         blocks_per_request=sum(per_group[kind] * n for kind, n in groups),
         groups=groups,
-        bytes_per_token=page_bytes // block * (full_layers or sum(1 for k in kinds if k not in STATE_KINDS) or 1),
+        bytes_per_token=token_bytes * (full_layers or sum(1 for k in kinds if k not in STATE_KINDS) or 1),
         full_blocks=per_group.get(FULL, 0),
-        block=block,
+        block=blocks_of.get(FULL, block),
     )
 
 

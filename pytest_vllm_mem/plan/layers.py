@@ -5,7 +5,8 @@ tokens), "chunked" (Llama 4's local attention: the current `attention_chunk_size
 a state layer (Gated DeltaNet "linear_attention", Mamba; below). Where config.json names no `layer_types`, the
 pattern is the one the transformers config class builds: Qwen3-Next / Qwen3.5 put one full attention layer after
 every `full_attention_interval - 1` linear-attention ones (default 4), Gemma 2 alternates sliding and full (even
-layers slide), Gemma 3 / Cohere 2 put one full layer after every `sliding_window_pattern - 1` sliding ones, Llama 4
+layers slide), Gemma 3 / Cohere 2 put one full layer after every `sliding_window_pattern - 1` sliding ones, Gemma 4
+one after every five (and makes the last layer full), Llama 4
 uses chunked attention on three of every four layers (the fourth has no RoPE and attends globally), and a model
 with a `sliding_window` alone (Mistral 7B v0.1) slides on every layer.
 
@@ -52,6 +53,7 @@ from math import prod
 from typing import Any
 
 FULL, SLIDING, CHUNKED = "full", "sliding", "chunked"
+KV_SHARED = "kv_shared"  # a layer that reads an earlier layer's K/V (Gemma 3n / Gemma 4) and keeps no cache
 GDN, MAMBA2 = "linear_attention", "mamba"  # state layers: Gated DeltaNet (Qwen3-Next, Qwen3.5+), Mamba2
 _LAYER_TYPE_KINDS = {
     "full_attention": FULL,
@@ -88,6 +90,8 @@ def layer_kinds(text: dict[str, Any], num_layers: int, window: int | None) -> tu
         return tuple(FULL if (i + 1) % every == 0 else GDN for i in range(num_layers))
     if window and model_type.startswith("gemma2"):
         return tuple(SLIDING if i % 2 == 0 else FULL for i in range(num_layers))
+    if model_type.startswith("gemma4"):  # Gemma4TextConfig: 5 sliding to 1 full, and the last layer always full
+        return tuple(FULL if (i + 1) % 6 == 0 or i == num_layers - 1 else SLIDING for i in range(num_layers))
     pattern = text.get("sliding_window_pattern")
     if window and (model_type.startswith(("gemma3", "cohere2")) or isinstance(pattern, int)):
         every = int(pattern) if isinstance(pattern, int) and pattern > 0 else 6
@@ -267,6 +271,7 @@ __all__ = [
     "FULL",
     "GDN",
     "KERNEL_BLOCK_ALIGNMENT",
+    "KV_SHARED",
     "LENGTH_KEYS",
     "MAMBA2",
     "MAMBA_BLOCKS_CHECK_SINCE",

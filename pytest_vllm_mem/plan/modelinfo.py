@@ -17,7 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_vllm_mem.plan.layers import CHUNKED, FULL, SLIDING, StateDims, derived_max_len, layer_kinds, state_dims
+from pytest_vllm_mem.plan.layers import (
+    CHUNKED,
+    FULL,
+    KV_SHARED,
+    SLIDING,
+    StateDims,
+    derived_max_len,
+    layer_kinds,
+    state_dims,
+)
+from pytest_vllm_mem.plan.towers import gemma4_audio_params, gemma4_vision_params
 
 # Bytes per element of the safetensors dtypes and of the torch dtype names in config.json / --dtype.
 SAFETENSORS_DTYPE_BYTES = {
@@ -116,6 +126,16 @@ class ModelInfo:
     attn_output_gate: bool = False  # Qwen3-Next / Qwen3.5: q_proj also projects a gate (twice the query width)
     # Gemma 3n / Gemma 4: the last N layers read the KV of an earlier layer and keep none of their own.
     kv_shared_layers: int = 0
+    # Gemma 4: full-attention layers use their own head size (global_head_dim) and, with attention_k_eq_v, their own
+    # KV head count (num_global_key_value_heads); 0 where they are the same as the other layers'.
+    full_head_dim: int = 0
+    full_kv_heads: int = 0
+    # Gemma 3n / Gemma 4 E-series per-layer input embeddings: a (vocab x layers x size) table and the projections
+    # that feed it into every layer; the KV-shared layers' MLP is twice as wide with use_double_wide_mlp.
+    per_layer_input_size: int = 0
+    per_layer_vocab: int = 0
+    double_wide_mlp: bool = False
+    audio_params: int = 0  # Gemma 4's audio tower and projector (towers.py)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -127,7 +147,16 @@ class ModelInfo:
         """Layers that keep a K/V cache per token (full, sliding or chunked attention; not state layers)."""
         if not self.kinds:
             return self.num_layers
-        return sum(1 for kind in self.kinds if kind in (FULL, SLIDING, CHUNKED))
+        return sum(1 for kind in self.cache_kinds if kind in (FULL, SLIDING, CHUNKED))
+
+    @property
+    def cache_kinds(self) -> tuple[str, ...]:
+        """`kinds` with the KV-shared layers (the last kv_shared_layers, which read an earlier layer's cache and
+        allocate none: vLLM's kv_sharing_target_layer_name) marked KV_SHARED."""
+        if not self.kv_shared_layers:
+            return self.kinds
+        first_shared = self.num_layers - self.kv_shared_layers
+        return tuple(KV_SHARED if index >= first_shared else kind for index, kind in enumerate(self.kinds))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -393,6 +422,13 @@ def _vision_params(config: dict[str, Any], text_hidden: int) -> int:
     return layers * (4 * h * h + 2 * h * inter) + channels * patch * patch * h + h * text_hidden + text_hidden**2
 
 
+def _gemma4_full_kv_heads(text: dict[str, Any]) -> int:
+    """KV heads of Gemma 4's full-attention layers (transformers' Gemma4TextConfig.per_layer_config, which vLLM
+    reads): num_global_key_value_heads where set and attention_k_eq_v is on or not named, else the model's own."""
+    heads = _int(text, "num_global_key_value_heads", default=0) or 0
+    return heads if heads and text.get("attention_k_eq_v", True) else 0
+
+
 def model_info_from_config(
     config: dict[str, Any], *, name: str, folder: Path | None = None, checkpoint: CheckpointBytes | None = None
 ) -> ModelInfo:
@@ -410,6 +446,7 @@ def model_info_from_config(
         (_int(text, "n_shared_experts", default=0) or 0) * (_int(text, "moe_intermediate_size", default=0) or 0)
     )
     model_type = str(text.get("model_type", ""))
+    gemma4 = model_type.startswith("gemma4") or str(config.get("model_type", "")).startswith("gemma4")
     kinds = layer_kinds(text, layers, window)
     if not shared and model_type.startswith("llama4"):
         shared = _int(text, "intermediate_size", default=0) or 0  # Llama 4: one shared expert per MoE layer
@@ -447,10 +484,16 @@ def model_info_from_config(
         attention_chunk_size=_int(text, "attention_chunk_size", default=None),
         derived_max_len=limit,
         derived_max_len_key=limit_key,
-        vision_params=_vision_params(config, hidden),
+        vision_params=gemma4_vision_params(config, hidden) if gemma4 else _vision_params(config, hidden),
+        audio_params=gemma4_audio_params(config, hidden) if gemma4 else 0,
         state=state_dims(text, kinds),
         attn_output_gate=bool(text.get("attn_output_gate", model_type.startswith(("qwen3_next", "qwen3_5")))),
         kv_shared_layers=_int(text, "num_kv_shared_layers", default=0) or 0,
+        full_head_dim=(_int(text, "global_head_dim", default=512) or 0) if gemma4 else 0,
+        full_kv_heads=_gemma4_full_kv_heads(text) if gemma4 else 0,
+        per_layer_input_size=_int(text, "hidden_size_per_layer_input", default=0) or 0,
+        per_layer_vocab=_int(text, "vocab_size_per_layer_input", "vocab_size", default=0) or 0,
+        double_wide_mlp=bool(text.get("use_double_wide_mlp", False)),
         raw=config,
     )
 

@@ -17,7 +17,7 @@ import fnmatch
 import re
 from dataclasses import dataclass
 
-from pytest_vllm_mem.plan.layers import GDN
+from pytest_vllm_mem.plan.layers import FULL, GDN, KV_SHARED
 from pytest_vllm_mem.plan.modelinfo import ModelInfo, _int
 
 # Model types whose MLP is up/down only (no gate): two matrices per layer instead of three.
@@ -37,6 +37,8 @@ class Parameters:
     lm_head: int  # 0 when tied to the embedding
     final_norm: int
     vision: int
+    audio: int = 0
+    per_layer_embedding: int = 0  # Gemma 3n / 4 E-series: the (vocab x layers x size) per-layer input table
 
 
 def _gdn_params(info: ModelInfo) -> int:
@@ -58,8 +60,26 @@ def _gdn_params(info: ModelInfo) -> int:
     )
 
 
+def _gemma_attention_params(info: ModelInfo) -> int:
+    """Gemma 4's attention per layer, averaged (gemma4.py): full-attention layers with their own head size and KV
+    heads, and K only (no V) with attention_k_eq_v; KV-shared layers with q_proj and o_proj only."""
+    h, heads = info.hidden_size, info.num_attention_heads
+    k_eq_v = bool(info.full_kv_heads)
+    total = 0
+    for kind, cache in zip(info.kinds, info.cache_kinds, strict=True):
+        full = kind == FULL
+        head_dim = info.full_head_dim if full and info.full_head_dim else info.head_dim
+        kv_heads = (info.full_kv_heads or info.num_kv_heads) if full else info.num_kv_heads
+        q_out = heads * head_dim
+        kv = 0 if cache == KV_SHARED else (1 if full and k_eq_v else 2) * h * kv_heads * head_dim
+        total += 2 * h * q_out + kv
+    return total // max(1, len(info.kinds))
+
+
 def _attention_params(info: ModelInfo) -> int:
     """Attention (or token mixer) parameters per layer, averaged over the layers when state layers replace some."""
+    if info.full_head_dim or info.kv_shared_layers:
+        return _gemma_attention_params(info)
     states = sum(1 for kind in info.kinds if kind == GDN) if info.state is not None else 0
     full = _full_attention_params(info)
     if not states:
@@ -105,7 +125,11 @@ def parameters(info: ModelInfo) -> Parameters:
         )
     else:
         matrices = 2 if info.model_type in _UNGATED_MLP else 3
-        experts, other = 0, layers * matrices * h * info.intermediate_size
+        mlp_layers = layers + (info.kv_shared_layers if info.double_wide_mlp else 0)  # shared layers: 2x wide
+        experts, other = 0, mlp_layers * matrices * h * info.intermediate_size
+    per_layer = info.per_layer_input_size
+    if per_layer:  # per layer: the input gate and projection; once: the model projection into every layer's input
+        other += layers * 2 * h * per_layer + h * layers * per_layer
     return Parameters(
         expert_per_layer=experts / layers,
         other_linear_per_layer=attention + other / layers,
@@ -114,6 +138,8 @@ def parameters(info: ModelInfo) -> Parameters:
         lm_head=0 if info.tie_word_embeddings else info.vocab_size * h,
         final_norm=h,
         vision=info.vision_params,
+        audio=info.audio_params,
+        per_layer_embedding=info.per_layer_vocab * layers * per_layer,
     )
 
 
@@ -205,7 +231,7 @@ def architecture_weight_bytes(
     layer_bytes = parts.expert_per_layer * per_quantized + parts.other_linear_per_layer * other_bytes
     total = count * (layer_bytes + parts.norms_per_layer * dtype_bytes)
     if first:
-        total += (parts.embedding + parts.vision) * dtype_bytes
+        total += (parts.embedding + parts.vision + parts.audio + parts.per_layer_embedding) * dtype_bytes
     if last:
         head = parts.lm_head or (0 if first else parts.embedding)  # a tied head is its own copy on another stage
         total += (head + parts.final_norm) * dtype_bytes

@@ -1,0 +1,115 @@
+"""Gemma 4: KV-shared layers, per-layer input embeddings, full-attention layers with their own head size, towers.
+
+Expected figures come from transformers 5.19's own Gemma4ForConditionalGeneration built on the meta device (no
+weights), the parameter count of each part summed, for the published E2B config:
+
+    from transformers import Gemma4Config; from transformers.models.gemma4 import modeling_gemma4 as m
+    with torch.device("meta"): model = m.Gemma4ForConditionalGeneration(Gemma4Config(text_config=E2B,
+        vision_config={}, audio_config={}))
+
+vision_tower 167.36M + embed_vision 1.18M, audio_tower 304.82M + embed_audio 2.36M, 5,104.3M in all; and from vLLM
+0.32's gemma4.py / kv_cache_utils.py for what keeps a cache and how pages are unified.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pytest_vllm_mem.plan.kv_layout import layout
+from pytest_vllm_mem.plan.layers import FULL, KV_SHARED, SLIDING
+from pytest_vllm_mem.plan.memory_plan import GIB, Card, kv_bytes_per_token, plan
+from pytest_vllm_mem.plan.modelinfo import model_info_from_config
+from pytest_vllm_mem.plan.towers import gemma4_audio_params, gemma4_vision_params
+from pytest_vllm_mem.plan.weights import architecture_weight_bytes
+
+E2B_TEXT: dict[str, Any] = {
+    "model_type": "gemma4_text",
+    "hidden_size": 1536,
+    "intermediate_size": 6144,
+    "num_hidden_layers": 35,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 1,
+    "head_dim": 256,
+    "global_head_dim": 512,
+    "vocab_size": 262144,
+    "vocab_size_per_layer_input": 262144,
+    "hidden_size_per_layer_input": 256,
+    "sliding_window": 512,
+    "num_kv_shared_layers": 20,
+    "use_double_wide_mlp": True,
+    "attention_k_eq_v": False,
+    "layer_types": (["sliding_attention"] * 4 + ["full_attention"]) * 7,
+    "tie_word_embeddings": True,
+}
+E2B = {
+    "model_type": "gemma4",
+    "architectures": ["Gemma4ForConditionalGeneration"],
+    "text_config": E2B_TEXT,
+    "vision_config": {"model_type": "gemma4_vision"},
+    "audio_config": {
+        "model_type": "gemma4_audio",
+        "hidden_size": 1024,
+        "num_hidden_layers": 12,
+        "output_proj_dims": 1536,
+    },
+    "tie_word_embeddings": True,
+}
+L4 = Card("cuda", "L4", int(22.05 * GIB), nvlink=False)
+
+
+def test_the_towers_are_counted_as_transformers_builds_them() -> None:
+    assert gemma4_vision_params(E2B, 1536) == pytest.approx(167.36e6 + 1.18e6, rel=0.002)
+    assert gemma4_audio_params(E2B, 1536) == pytest.approx(304.82e6 + 2.36e6, rel=0.01)
+    assert gemma4_vision_params({"text_config": E2B_TEXT}, 1536) == 0  # no tower in the config, none counted
+
+
+def test_e2b_weights_hold_the_per_layer_embeddings_the_double_wide_mlp_and_the_towers() -> None:
+    info = model_info_from_config(E2B, name="google/gemma-4-E2B-it")
+    assert architecture_weight_bytes(info, 2) / 2 == pytest.approx(5104.3e6, rel=0.005)
+    # Without the per-layer table (2.35B parameters) the count was less than half of the model.
+    text_only = model_info_from_config({"text_config": {**E2B_TEXT, "hidden_size_per_layer_input": 0}}, name="x")
+    assert architecture_weight_bytes(text_only, 2) / 2 < 2.8e9
+
+
+def test_kv_shared_layers_keep_no_cache_and_full_layers_use_their_own_head_size() -> None:
+    info = model_info_from_config(E2B, name="google/gemma-4-E2B-it")
+    kinds = info.cache_kinds
+    assert kinds.count(KV_SHARED) == 20 and kinds[:15].count(FULL) == 3 and kinds[:15].count(SLIDING) == 12
+    # 12 sliding layers x K and V x 1 head x 256 x 2 bytes, 3 full layers x 1 head x 512 (global_head_dim)
+    assert kv_bytes_per_token(info, tp=1, model_dtype=2, kv_cache_dtype=None) == 12 * 2 * 256 * 2 + 3 * 2 * 512 * 2
+
+
+def test_a_smaller_page_kind_gets_a_raised_block_as_vllm_unifies_page_sizes() -> None:
+    # kv_cache_utils.unify_kv_cache_spec_page_size: the sliding layers' 16 KiB page at block 16 is half the full
+    # layers' 32 KiB, so their block holds 32 tokens and every page is 32 KiB.
+    pages = layout(
+        (SLIDING,) * 12 + (FULL,) * 3,
+        page_bytes=16 * 1024,
+        page_by_kind={FULL: 32 * 1024},
+        max_model_len=8192,
+        block=16,
+        window=512,
+        chunk=None,
+        in_flight=2048,
+    )
+    assert pages.page_bytes == 32 * 1024 and pages.group_size == 3
+    sliding_blocks = -(-(511 + 2048) // 32) + 1  # per sliding group, at 32 tokens a block
+    assert pages.blocks_per_request == 4 * sliding_blocks + 8192 // 16
+    assert pages.block == 16  # the full layers keep theirs: they bound the longest context
+
+
+@pytest.mark.parametrize(("version", "towers"), [("0.21.0", True), ("0.27.1", False)])
+def test_language_model_only_drops_the_towers_from_the_release_that_skips_them(version: str, towers: bool) -> None:
+    info = model_info_from_config(E2B, name="google/gemma-4-E2B-it")
+    flags = {"max_model_len": 8192, "language_model_only": True}
+    with_flag = plan(info, flags, L4, vllm_version=version).weights.value
+    without = plan(info, {"max_model_len": 8192}, L4, vllm_version=version).weights.value
+    tower_bytes = (info.vision_params + info.audio_params) * 2
+    assert without - with_flag == (0 if towers else pytest.approx(tower_bytes, rel=0.01))
+
+
+def test_e2b_is_planned_not_refused() -> None:
+    planned = plan(model_info_from_config(E2B, name="google/gemma-4-E2B-it"), {"max_model_len": 8192}, L4)
+    assert planned.verdict == "fits" and planned.weights.value / GIB == pytest.approx(5104.3e6 * 2 / GIB, rel=0.01)
