@@ -79,9 +79,11 @@ def test_baseline_gates_throughput_and_memory(pytester: pytest.Pytester) -> None
     state = slow["memory"]["compile_cache"]  # the shared cache: a cold start, or one the log does not name
     statuses = {c["metric"]: c["status"] for c in slow["comparisons"] if c["metric"].startswith("startup_time")}
     expected = {None: "startup_time", "cold": "startup_time_cold", "warm": "startup_time_warm"}[state]
-    assert list(statuses) == [expected]
-    if state != "cold":
-        assert statuses[expected] == "new"  # the cold baseline is not its baseline
+    assert expected in statuses
+    # A suspect verdict re-measures on a fresh server (gate._confirm), whose start may find the cache in another
+    # state than the first: each start is its own metric, and only a cold one meets the cold baseline.
+    assert set(statuses) <= {"startup_time", "startup_time_cold", "startup_time_warm"}
+    assert all(status == "new" for metric, status in statuses.items() if metric != "startup_time_cold")
 
     result, data = run_inner(pytester, *common, env={"CASE": "big"})
     result.assert_outcomes(failed=1)
