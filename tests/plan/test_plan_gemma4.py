@@ -19,8 +19,9 @@ import pytest
 
 from pytest_vllm_mem.plan.kv_layout import layout
 from pytest_vllm_mem.plan.layers import FULL, KV_SHARED, SLIDING
-from pytest_vllm_mem.plan.memory_plan import GIB, Card, kv_bytes_per_token, plan
+from pytest_vllm_mem.plan.memory_plan import GIB, Card, concurrent_batches, kv_bytes_per_token, plan
 from pytest_vllm_mem.plan.modelinfo import model_info_from_config
+from pytest_vllm_mem.plan.speculative import speculative
 from pytest_vllm_mem.plan.towers import gemma4_audio_params, gemma4_vision_params
 from pytest_vllm_mem.plan.weights import architecture_weight_bytes
 
@@ -113,3 +114,38 @@ def test_language_model_only_drops_the_towers_from_the_release_that_skips_them(v
 def test_e2b_is_planned_not_refused() -> None:
     planned = plan(model_info_from_config(E2B, name="google/gemma-4-E2B-it"), {"max_model_len": 8192}, L4)
     assert planned.verdict == "fits" and planned.weights.value / GIB == pytest.approx(5104.3e6 * 2 / GIB, rel=0.01)
+
+
+def test_windowed_groups_reserve_two_in_flight_batches_from_0_27_as_the_mi300x_log_shows() -> None:
+    # xbill9/gemma4-dev's MI300X boot log (vLLM 0.29.1, E2B-it, max_model_len 32768, 191.69 GiB: 16384 batched
+    # tokens): 'Available KV cache memory: 155.04 GiB', 'Maximum concurrency for 32,768 tokens per request: 275.45x'.
+    # With async scheduling each sliding group reserves min(511 + 2 x 16384, 32768) tokens: 1,025 blocks of 32.
+    pages = layout(
+        (SLIDING,) * 12 + (FULL,) * 3,
+        page_bytes=16 * 1024,
+        page_by_kind={FULL: 32 * 1024},
+        max_model_len=32768,
+        block=16,
+        window=512,
+        chunk=None,
+        in_flight=2 * 16384,
+    )
+    assert pages.blocks_per_request == 4 * 1025 + 2048
+    assert pages.concurrency(int(155.04 * GIB)) == pytest.approx(275.45, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    ("flags", "pp", "version", "batches"),
+    [
+        ({}, 1, "0.26.1", 1),  # before vllm#47728: one batch
+        ({}, 1, "0.27.1", 2),  # async scheduling on by default: two
+        ({"async_scheduling": False}, 1, "0.32.0", 1),
+        ({}, 2, "0.32.0", 2),  # pipeline parallel on the V1 runner: async off, one batch per stage
+        ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}, 1, "0.32.0", 1),
+        ({"speculative_config": {"method": "eagle3", "num_speculative_tokens": 3, "model": "x"}}, 1, "0.32.0", 2),
+    ],
+)
+def test_concurrent_batches_follow_vllms_async_scheduling_default(
+    flags: dict[str, Any], pp: int, version: str, batches: int
+) -> None:
+    assert concurrent_batches(flags, pp=pp, spec=speculative(flags), version=version) == batches
