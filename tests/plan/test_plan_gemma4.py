@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from pytest_vllm_mem.plan.kv_layout import layout
+from pytest_vllm_mem.plan.kv_layout import KVLayout, layout
 from pytest_vllm_mem.plan.layers import FULL, KV_SHARED, SLIDING
 from pytest_vllm_mem.plan.memory_plan import GIB, Card, concurrent_batches, kv_bytes_per_token, plan
 from pytest_vllm_mem.plan.modelinfo import model_info_from_config
@@ -60,6 +60,21 @@ E2B = {
 L4 = Card("cuda", "L4", int(22.05 * GIB), nvlink=False)
 
 
+def _e2b_layout(*, max_model_len: int, in_flight: int) -> KVLayout:
+    """E2B's cache layers on one GPU in bf16: 12 sliding (one 256-wide KV head, 16 KiB a block of 16) and 3 full
+    (one 512-wide head, 32 KiB)."""
+    return layout(
+        (SLIDING,) * 12 + (FULL,) * 3,
+        page_bytes=16 * 1024,
+        page_by_kind={FULL: 32 * 1024},
+        max_model_len=max_model_len,
+        block=16,
+        window=512,
+        chunk=None,
+        in_flight=in_flight,
+    )
+
+
 def test_the_towers_are_counted_as_transformers_builds_them() -> None:
     assert gemma4_vision_params(E2B, 1536) == pytest.approx(167.36e6 + 1.18e6, rel=0.002)
     assert gemma4_audio_params(E2B, 1536) == pytest.approx(304.82e6 + 2.36e6, rel=0.01)
@@ -85,16 +100,7 @@ def test_kv_shared_layers_keep_no_cache_and_full_layers_use_their_own_head_size(
 def test_a_smaller_page_kind_gets_a_raised_block_as_vllm_unifies_page_sizes() -> None:
     # kv_cache_utils.unify_kv_cache_spec_page_size: the sliding layers' 16 KiB page at block 16 is half the full
     # layers' 32 KiB, so their block holds 32 tokens and every page is 32 KiB.
-    pages = layout(
-        (SLIDING,) * 12 + (FULL,) * 3,
-        page_bytes=16 * 1024,
-        page_by_kind={FULL: 32 * 1024},
-        max_model_len=8192,
-        block=16,
-        window=512,
-        chunk=None,
-        in_flight=2048,
-    )
+    pages = _e2b_layout(max_model_len=8192, in_flight=2048)
     assert pages.page_bytes == 32 * 1024 and pages.group_size == 3
     sliding_blocks = -(-(511 + 2048) // 32) + 1  # per sliding group, at 32 tokens a block
     assert pages.blocks_per_request == 4 * sliding_blocks + 8192 // 16
@@ -120,16 +126,7 @@ def test_windowed_groups_reserve_two_in_flight_batches_from_0_27_as_the_mi300x_l
     # xbill9/gemma4-dev's MI300X boot log (vLLM 0.29.1, E2B-it, max_model_len 32768, 191.69 GiB: 16384 batched
     # tokens): 'Available KV cache memory: 155.04 GiB', 'Maximum concurrency for 32,768 tokens per request: 275.45x'.
     # With async scheduling each sliding group reserves min(511 + 2 x 16384, 32768) tokens: 1,025 blocks of 32.
-    pages = layout(
-        (SLIDING,) * 12 + (FULL,) * 3,
-        page_bytes=16 * 1024,
-        page_by_kind={FULL: 32 * 1024},
-        max_model_len=32768,
-        block=16,
-        window=512,
-        chunk=None,
-        in_flight=2 * 16384,
-    )
+    pages = _e2b_layout(max_model_len=32768, in_flight=2 * 16384)
     assert pages.blocks_per_request == 4 * 1025 + 2048
     assert pages.concurrency(int(155.04 * GIB)) == pytest.approx(275.45, abs=0.01)
 
