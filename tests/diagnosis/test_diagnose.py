@@ -1272,6 +1272,7 @@ BATCH_SIZES = {
     "issue23-blind13": (35, 14),
     "issue23-blind14": (34, 8),
     "issue23-blind15": (35, 7),
+    "issue23-blind16": (14, 4),
 }
 
 

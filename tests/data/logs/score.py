@@ -41,8 +41,10 @@ Three scores are printed:
 - blind 14: more logs (`"batch": "issue23-blind14"`) collected by a helper blind to the classifier after the rules were
   frozen a fourteenth time (BLIND14_RULES_SHA256, commit 8d047ae: round 13's rules), split and reported like blind 4;
 - blind 15: more logs (`"batch": "issue23-blind15"`) collected by a helper blind to the classifier after the rules were
-  frozen a fifteenth time (BLIND15_RULES_SHA256, commit 317cfc0: round 14's rules), split and reported like blind 4.
-A further line adds up the held-out thirds of blind batches 4-15 (the target of issue 23: 95% on logs no rule saw).
+  frozen a fifteenth time (BLIND15_RULES_SHA256, commit 317cfc0: round 14's rules), split and reported like blind 4;
+- blind 16: more logs (`"batch": "issue23-blind16"`) collected by a helper blind to the classifier after the rules were
+  frozen a sixteenth time (BLIND16_RULES_SHA256, commit 2d46a01: round 15's rules), split and reported like blind 4.
+A further line adds up the held-out thirds of blind batches 4-16 (the target of issue 23: 95% on logs no rule saw).
 `--frozen-held-out` scores each held-out third with its own batch's frozen rules (read from git: the figure of record)
 and splits the total by `error_shown`: `"error_shown": false` marks a failure excerpt that stops before the line
 stating its error (the error only in the issue's title or prose). Batch 10's were marked when it was collected, before
@@ -132,6 +134,10 @@ BLIND14_RULES_SHA256 = "0d2cc5e5cb93368e81d94c891e1368002d7b2ec35a9babe1c893b7e5
 # split in thirds by the same hash rule as batch 4.
 BLIND15_BATCH = "issue23-blind15"
 BLIND15_RULES_SHA256 = "41fa85f6e1aff9701a9e97ffc46191a086a16a5c032fdc3a3ef9f91e5ba58ecb"
+# The sixteenth blind batch: frozen again (commit 2d46a01, round 15's rules) before any of its logs was collected;
+# split in thirds by the same hash rule as batch 4.
+BLIND16_BATCH = "issue23-blind16"
+BLIND16_RULES_SHA256 = "4376070570b78fdabf1f317a80461c532a97f34bb8fe283159f165d5f9baf458"
 # The batches split in thirds by the hash rule, with the ordinal their lines are printed with.
 SPLIT_BATCHES = {
     BLIND4_BATCH: "a fourth",
@@ -146,6 +152,7 @@ SPLIT_BATCHES = {
     BLIND13_BATCH: "a thirteenth",
     BLIND14_BATCH: "a fourteenth",
     BLIND15_BATCH: "a fifteenth",
+    BLIND16_BATCH: "a sixteenth",
 }
 # Every blind batch, in the order collected, with the diagnose.py its rules were frozen at.
 FROZEN_RULES = {
@@ -164,6 +171,7 @@ FROZEN_RULES = {
     BLIND13_BATCH: BLIND13_RULES_SHA256,
     BLIND14_BATCH: BLIND14_RULES_SHA256,
     BLIND15_BATCH: BLIND15_RULES_SHA256,
+    BLIND16_BATCH: BLIND16_RULES_SHA256,
 }
 _OLD_PHASE_WORDS = (
     ("while profiling", "profiling"),
@@ -177,7 +185,7 @@ _OLD_PHASE_WORDS = (
 
 def is_held_out(name: str, entry: dict[str, Any]) -> bool:
     """The split rule, fixed before the issue-23 logs were scored: a third of that batch (and of blind batches 4, 5,
-    6, 7, 8, 9, 10, 11, 12, 13, 14 and 15), by a hash of the name."""
+    6, 7, 8, 9, 10, 11, 12, 13, 14, 15 and 16), by a hash of the name."""
     return (entry.get("batch") == HELD_OUT_BATCH or entry.get("batch") in SPLIT_BATCHES) and int(
         hashlib.sha256(name.encode()).hexdigest(), 16
     ) % 3 == 0
@@ -207,6 +215,7 @@ FROZEN_COMMITS = {
     BLIND13_BATCH: "847b613f",
     BLIND14_BATCH: "8d047aeb",
     BLIND15_BATCH: "317cfc0c",
+    BLIND16_BATCH: "2d46a01d",
 }
 
 
