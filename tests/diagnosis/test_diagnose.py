@@ -1393,11 +1393,19 @@ def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.Captu
         in out
     )
     assert "blind batch 15, held-out third: 7/7 logs right" in out
+    # Blind batch 16, frozen at BLIND16_RULES_SHA256 (commit 2d46a01d, round 15's rules): the in-sample two thirds
+    # 10/10 (one phase label set to null after the scoring, the log shows none: label_corrected); no rule written;
+    # the held-out third 4/4.
+    assert (
+        "blind batch 16, in-sample two thirds (collected after the rules froze a sixteenth time): 10/10 logs right"
+        in out
+    )
+    assert "blind batch 16, held-out third: 4/4 logs right" in out
     # Round 11's cut-excerpt rule, written after all of batches 4-10 were seen, passes 12 more of them (3 held out);
-    # with batches 11-15, 107/125 and 177/197 now; the held-out figure of record stays each batch's frozen score
-    # (score.py --frozen-held-out: 101/125).
-    assert "held-out thirds of blind batches 4-15: 107/125 logs right" in out and "(6 of them seen before" in out
-    assert "never fitted, together: 177/197 logs right" in out
+    # with batches 11-16, 111/129 and 181/201 now; the held-out figure of record stays each batch's frozen score
+    # (score.py --frozen-held-out: 105/129).
+    assert "held-out thirds of blind batches 4-16: 111/129 logs right" in out and "(6 of them seen before" in out
+    assert "never fitted, together: 181/201 logs right" in out
 
 
 # --- round 4: lines as they reach users, configuration checks by where they raise --------------------------------
