@@ -69,9 +69,15 @@ ELEVENTH_COLLECTION = "issue24-eleventh-2026-12-04"
 # gathered after the plan was frozen at commit 7e456ee; split by the hash rule before its one run
 # (gpu_plan_accuracy_twelfth_frozen.json).
 TWELFTH_COLLECTION = "issue24-twelfth-2026-12-04"
+# The fourteenth (2026-12-05: H100 NVL, RTX 4090 with LoRA slots, an A100 MIG slice, Jetson Thor, an RTX 5070 Ti +
+# 5090 D pipeline), split by the hash rule before its one run with the plan frozen at commit 0c274c1
+# (gpu_plan_accuracy_fourteenth_frozen.json). After that run the LoRA slot rule (plan/lora.py) was written from vLLM's
+# source and checked on its fit-split rows (in-sample from then on); its held-out row stays out of sample.
+FOURTEENTH_COLLECTION = "issue24-fourteenth-2026-12-05"
 # The fit-split rows of each collection rules were written on after its one run, with the in-sample set they join
 # (the second's hybrid (Gated DeltaNet) KV rules read only its HYBRID_MODELS rows); held-out rows stay out of sample.
 RULES_WRITTEN_ON = {
+    FOURTEENTH_COLLECTION: "in-sample: 14th 2026-12-05 collection, fit split, read while writing the LoRA rule",
     ELEVENTH_COLLECTION: "in-sample: 11th 2026-12-04 collection, fit split, read while writing the hf_overrides rule",
     EIGHTH_COLLECTION: "in-sample: 8th 2026-12-03 collection, fit split, read while writing the KV-sharing refusal",
     FIFTH_COLLECTION: "in-sample: 5th 2026-12-03 collection, fit split, read while writing the 2026-12-03 rules",
@@ -488,6 +494,7 @@ def run_gpu(out: Path | None, show_holdout: bool = True) -> int:
             TENTH_COLLECTION,
             ELEVENTH_COLLECTION,
             TWELFTH_COLLECTION,
+            FOURTEENTH_COLLECTION,
         ):
             _print_collection_splits(rows, collection)
     fit = [r for r in rows if not r["out_of_sample"]]

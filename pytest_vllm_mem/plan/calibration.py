@@ -31,6 +31,9 @@ SHAPE_FLAGS = (
     "enable_expert_parallel",
     "dtype",
     "quantization",
+    "enable_lora",  # LoRA slot buffers sit in the weights a startup logs (lora.py)
+    "max_loras",
+    "max_lora_rank",
     "kv_cache_dtype",
     "compilation_config",
     "cuda_graph_sizes",

@@ -37,6 +37,7 @@ from pytest_vllm_mem.plan.layers import (
     state_blocks_per_request,
     state_shape,
 )
+from pytest_vllm_mem.plan.lora import lora_bytes
 from pytest_vllm_mem.plan.modelinfo import ModelInfo, ModelInfoError, ceil_div, dtype_bytes, with_hf_overrides
 from pytest_vllm_mem.plan.speculative import Speculative, check_drafter, is_mtp, mtp_layers, speculative
 from pytest_vllm_mem.plan.weights import architecture_weight_bytes
@@ -600,6 +601,7 @@ class _Setup:
     states: _States | None = None
     env: Mapping[str, str] = field(default_factory=dict)  # the server's environment (sampler kernel choice)
     spec: Speculative | None = None  # --speculative-config (speculative.py)
+    lora_bytes: int = 0  # --enable-lora's slot buffers on one GPU, all layers (lora.py)
     full_graphs: bool = True  # FULL CUDA graphs captured (cudagraphs.py)
     auto_fit_limit: int = 0  # --max-model-len auto: the model's own limit, which vLLM profiles with (auto_fit.py)
 
@@ -751,6 +753,7 @@ def _setup(
         env=dict(env),
         spec=spec,
         full_graphs=full_cudagraphs(flags),
+        lora_bytes=lora_bytes(info, flags, tp=tp, dtype=dtype),
     )
 
 
@@ -799,6 +802,9 @@ def _gpu_budget(
 ) -> _Budget:
     start, end = stage
     weights = weights_per_gpu(info, tp=s.tp, dtype=s.dtype, quantization=quantization, stage=(start, end, s.pp))
+    if s.lora_bytes:  # the stage's share of the LoRA slots, beside the weights in what vLLM logs as model loading
+        extra = s.lora_bytes * (end - start) // max(1, info.num_layers)
+        weights = Estimate(weights.value + extra, weights.low + extra, weights.high + extra, weights.source)
     if cal.weights_bytes:
         weights = Estimate.exact(cal.weights_bytes, "calibrated")
     activation = gpu_activation(

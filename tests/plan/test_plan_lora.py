@@ -1,0 +1,48 @@
+"""--enable-lora's slot buffers (plan/lora.py), sized as vLLM 0.32's BaseLinearLayerWithLoRA.create_lora_weights
+allocates them, checked against a public RTX 4090 startup of Qwen3-4B with 64 slots."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_vllm_mem.plan.lora import lora_bytes
+from pytest_vllm_mem.plan.memory_plan import GIB, Card, plan
+from pytest_vllm_mem.plan.modelinfo import model_info_from_config
+
+QWEN3_4B = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 2560,
+    "intermediate_size": 9728,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+}
+RTX4090 = Card("cuda", "NVIDIA GeForce RTX 4090", int(23.52 * GIB), nvlink=False)
+
+
+def test_slots_are_rank_by_input_and_output_of_every_wrapped_linear() -> None:
+    info = model_info_from_config(QWEN3_4B, name="Qwen/Qwen3-4B")
+    # Per layer and rank: QKV 3 x 2560 in + 6144 out, o 4096 + 2560, gate/up 2 x 2560 + 2 x 9728, down 9728 + 2560.
+    per_layer = 3 * 2560 + 6144 + 4096 + 2560 + 2 * 2560 + 2 * 9728 + 9728 + 2560
+    flags = {"enable_lora": True, "max_loras": 64}
+    assert lora_bytes(info, flags, tp=1, dtype=2) == 64 * 16 * per_layer * 36 * 2
+    assert lora_bytes(info, {"max_loras": 64}, tp=1, dtype=2) == 0  # without --enable-lora none
+    assert lora_bytes(info, {**flags, "max_lora_rank": 32}, tp=1, dtype=2) == 2 * lora_bytes(info, flags, tp=1, dtype=2)
+    assert lora_bytes(info, flags, tp=2, dtype=2) < lora_bytes(info, flags, tp=1, dtype=2)
+
+
+def test_64_slots_on_an_rtx_4090_leave_the_kv_cache_the_startup_logged() -> None:
+    # alexostapiuk11/coldstart-recon-worker (benchmarks/data/gpu_startups.json, fourteenth collection), vLLM 0.27.1:
+    # 'Actual usage is 12.78 GiB for consumed memory (weights + non-torch), 0.15 GiB for peak activation, and 1.28 GiB
+    # for CUDAGraph memory', 'Available KV cache memory: 5.89 GiB' at utilization 0.8. Without the slots the plan put
+    # 9.62 GiB there (+63%).
+    info = model_info_from_config(QWEN3_4B, name="Qwen/Qwen3-4B")
+    flags = {"gpu_memory_utilization": 0.8, "enable_lora": True, "max_loras": 64}
+    planned = plan(info, flags, RTX4090, vllm_version="0.27.1")
+    assert planned.kv_bytes.value / GIB == pytest.approx(5.89, rel=0.05)
