@@ -1051,8 +1051,16 @@ def _notes(info: ModelInfo, s: _Setup, b: _Budget, stages: int) -> list[str]:
         )
     if stages > 1:
         notes.append(f"pipeline stage {b.stage + 1} of {stages} has the fewest KV blocks; its terms are shown")
-    if info.vision_params:
-        notes.append(f"weights include the vision tower (~{info.vision_params / 1e9:.2f}B parameters)")
+    if info.vision_params or info.audio_params:
+        towers = info.vision_params + info.audio_params
+        notes.append(f"weights include the model's towers (~{towers / 1e9:.2f}B parameters)")
+    if info.model_type.startswith("gemma3n"):
+        notes.append("Gemma 3n: its AltUp and LAuReL blocks and its MobileNet/audio towers are not in the weights")
+    if s.lora_bytes:
+        notes.append(
+            f"weights include {s.lora_bytes / GIB:.2f} GiB of LoRA slots (attention and MLP layers; not the "
+            "embedding, LM head or MoE experts' LoRA, nor the punica buffers)"
+        )
     return notes
 
 

@@ -120,6 +120,7 @@ def test_language_model_only_drops_the_towers_from_the_release_that_skips_them(v
 def test_e2b_is_planned_not_refused() -> None:
     planned = plan(model_info_from_config(E2B, name="google/gemma-4-E2B-it"), {"max_model_len": 8192}, L4)
     assert planned.verdict == "fits" and planned.weights.value / GIB == pytest.approx(5104.3e6 * 2 / GIB, rel=0.01)
+    assert any("towers (~0.47B parameters)" in note for note in planned.notes)
 
 
 def test_windowed_groups_reserve_two_in_flight_batches_from_0_27_as_the_mi300x_log_shows() -> None:

@@ -46,3 +46,4 @@ def test_64_slots_on_an_rtx_4090_leave_the_kv_cache_the_startup_logged() -> None
     flags = {"gpu_memory_utilization": 0.8, "enable_lora": True, "max_loras": 64}
     planned = plan(info, flags, RTX4090, vllm_version="0.27.1")
     assert planned.kv_bytes.value / GIB == pytest.approx(5.89, rel=0.05)
+    assert any("3.94 GiB of LoRA slots" in note for note in planned.notes)  # says what it counted and what not
