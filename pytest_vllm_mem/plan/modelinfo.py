@@ -422,6 +422,19 @@ def _vision_params(config: dict[str, Any], text_hidden: int) -> int:
     return layers * (4 * h * h + 2 * h * inter) + channels * patch * patch * h + h * text_hidden + text_hidden**2
 
 
+def _tied_embeddings(config: dict[str, Any], text: dict[str, Any]) -> bool:
+    """Whether the LM head is the input embedding (vLLM reads config.tie_word_embeddings): as config.json says, else
+    the transformers class default of its text model type (Gemma 3's is true: gemma-3-1b-it's config names none),
+    else false."""
+    for source in (config, text):
+        if "tie_word_embeddings" in source:
+            return bool(source["tie_word_embeddings"])
+    from pytest_vllm_mem.plan.config_defaults import with_class_defaults
+
+    full, _ = with_class_defaults(text)
+    return bool(full.get("tie_word_embeddings", False))
+
+
 def _gemma4_full_kv_heads(text: dict[str, Any]) -> int:
     """KV heads of Gemma 4's full-attention layers (transformers' Gemma4TextConfig.per_layer_config, which vLLM
     reads): num_global_key_value_heads where set and attention_k_eq_v is on or not named, else the model's own."""
@@ -463,7 +476,7 @@ def model_info_from_config(
         intermediate_size=_int(text, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden) or 4 * hidden,
         vocab_size=_int(text, "vocab_size", default=32000) or 32000,
         torch_dtype=str(text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or "bfloat16"),
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+        tie_word_embeddings=_tied_embeddings(config, text),
         max_position_embeddings=_int(text, "max_position_embeddings", "n_positions", "max_seq_len"),
         sliding_window=window,
         layer_types=tuple(str(t) for t in layer_types) if isinstance(layer_types, list) else (),

@@ -147,3 +147,16 @@ def test_concurrent_batches_follow_vllms_async_scheduling_default(
     flags: dict[str, Any], pp: int, version: str, batches: int
 ) -> None:
     assert concurrent_batches(flags, pp=pp, spec=speculative(flags), version=version) == batches
+
+
+def test_a_config_without_tie_word_embeddings_takes_its_class_default() -> None:
+    # gemma-3-1b-it's config.json names no tie_word_embeddings; vLLM's gemma3.py ties the LM head when the config
+    # says so, and Gemma3TextConfig's default is true. Planned untied, a public A100 MIG startup of it (1.91 GiB of
+    # weights logged) was planned 0.56 GiB over: the 262,144 x 1152 head counted twice. MistralConfig's default is false.
+    pytest.importorskip("transformers", reason="the class defaults come from transformers, which vLLM installs")
+    gemma = {"model_type": "gemma3_text", "hidden_size": 1152, "num_hidden_layers": 26, "num_attention_heads": 4}
+    gemma.update({"num_key_value_heads": 1, "head_dim": 256, "intermediate_size": 6912, "vocab_size": 262144})
+    assert model_info_from_config(gemma, name="google/gemma-3-1b-it").tie_word_embeddings
+    mistral = {**gemma, "model_type": "mistral", "head_dim": 128}
+    assert not model_info_from_config(mistral, name="mistral").tie_word_embeddings
+    assert not model_info_from_config({**gemma, "tie_word_embeddings": False}, name="x").tie_word_embeddings
