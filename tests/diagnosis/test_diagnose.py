@@ -1273,6 +1273,7 @@ BATCH_SIZES = {
     "issue23-blind14": (34, 8),
     "issue23-blind15": (35, 7),
     "issue23-blind16": (14, 4),
+    "issue23-blind17": (30, 6),
 }
 
 
