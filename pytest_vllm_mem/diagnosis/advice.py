@@ -488,6 +488,16 @@ def _weights_too_large(
 
 def _usage(diagnosis: Diagnosis, memory: StartupMemory | None) -> list[str]:
     version = f" {memory.vllm_version}" if memory is not None and memory.vllm_version else ""
+    if "repository is gated" in diagnosis.summary:
+        return [
+            "accept the model's license on its hub page and set HF_TOKEN to a token of that account, or serve a "
+            "local copy"
+        ]
+    if "no hub repository or local folder" in diagnosis.summary:
+        return [
+            "give the model as a hub repository id or a local folder that holds its config.json (the installed "
+            f"vLLM{version} found none where the model argument points)"
+        ]
     if "positional argument (" in diagnosis.summary:
         return [
             "pass the model with --model to python -m vllm.entrypoints.openai.api_server, or launch "

@@ -1388,6 +1388,9 @@ _VALIDATION = re.compile(r"\d+ validation errors? for (\w+)")
 _NO_MODEL_CONFIG = re.compile(
     r"Could not detect config format for no config file found|Invalid repository ID or local directory specified"
 )
+# The model's hub repository is there but closed to these credentials: huggingface_hub's GatedRepoError (a license
+# not accepted, no HF_TOKEN) and transformers' "You are trying to access a gated repo".
+_GATED_MODEL = re.compile(r"\bGatedRepoError\b|You are trying to access a gated repo|Cannot access gated repo for url")
 
 
 def _usage(lines: Sequence[_Line]) -> Diagnosis | None:
@@ -1401,6 +1404,12 @@ def _usage(lines: Sequence[_Line]) -> Diagnosis | None:
             summary = (
                 "the model given is no hub repository or local folder with a config.json (Hugging Face) or "
                 "params.json (Mistral) vLLM can read"
+            )
+            return Diagnosis("bad_flag", summary, (text,), {}, "usage")
+        if _GATED_MODEL.search(text):
+            summary = (
+                "the model's hub repository is gated: accept its license on the hub and give vLLM a token that may "
+                "read it (HF_TOKEN), or serve a local copy"
             )
             return Diagnosis("bad_flag", summary, (text,), {}, "usage")
         if _USAGE.search(text):
@@ -1561,8 +1570,10 @@ def _raising_frame(lines: Sequence[_Line], position: int) -> re.Match[str] | Non
 # whichever check raised it (_verify_*, __post_init__, _get_quantization_config, create_engine_config, ...).
 _CONFIG_MODULE = re.compile(r"(?:^|[/\\])vllm[/\\](?:config(?:\.py$|[/\\])|engine[/\\]arg_utils\.py$)")
 # Config checks that live elsewhere: get_quant_config reads the checkpoint's quantization config for --quantization
-# while the config is built ("Cannot find the config file for awq": the checkpoint was not made with that method).
-_CONFIG_FUNCTIONS = frozenset({"get_quant_config"})
+# while the config is built ("Cannot find the config file for awq": the checkpoint was not made with that method);
+# the API server checks its own flags before the engine starts (cli_args.validate_parsed_serve_args, and
+# validate_chat_template for --chat-template: "appears path-like, but doesn't exist!").
+_CONFIG_FUNCTIONS = frozenset({"get_quant_config", "validate_parsed_serve_args", "validate_chat_template"})
 
 
 def _raised_by_check(lines: Sequence[_Line]) -> Diagnosis | None:
@@ -1575,9 +1586,7 @@ def _raised_by_check(lines: Sequence[_Line]) -> Diagnosis | None:
         function = frame.group(2)
         configured = _CONFIG_MODULE.search(frame.group("path")) or function in _CONFIG_FUNCTIONS
         if raised.group("type") == "ValueError" and configured:
-            summary = (
-                f"the configuration was rejected: {function} in vLLM's config raised {raised.group(0).strip()[:200]!r}"
-            )
+            summary = f"the configuration was rejected: {function} raised {raised.group(0).strip()[:200]!r}"
             return Diagnosis("bad_flag", summary, (line.text.strip(), f"raised in {function}"), {}, "arguments")
         for pattern, exception, kind, phase, check in _RAISING_CHECKS:
             if pattern.fullmatch(function) and raised.group("type") == exception:

@@ -385,6 +385,12 @@ def test_usage_errors_say_how_to_give_the_model() -> None:
     assert advise(diagnosis, VLLMConfig("m"), memory)[0].startswith(
         "pass the model with --model to python -m vllm.entrypoints.openai.api_server"
     )
+    # A model argument that names nothing loadable, or a gated repository: the advice is about the model, not the
+    # command line (it had told both to pass the model positionally, which they had done).
+    diagnosis, memory = from_log("gpu-0.11-no-config-json-qwen-image-edit-omni-vllmomni474.log")
+    assert advise(diagnosis, VLLMConfig("m"), memory)[0].startswith("give the model as a hub repository id or a local")
+    diagnosis, memory = from_log("gpu-0.18-bad-flag-gated-model-403-facebook-cwm-contextbench.log")
+    assert "HF_TOKEN" in advise(diagnosis, VLLMConfig("m"), memory)[0]
 
 
 # --- peak above tier, timeout, crash -----------------------------------------------------------------------------

@@ -1402,11 +1402,19 @@ def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.Captu
         in out
     )
     assert "blind batch 16, held-out third: 4/4 logs right" in out
+    # Blind batch 17, frozen at BLIND17_RULES_SHA256 (the same file, commit 2d46a01d): the in-sample two thirds
+    # 22/24 -> 24/24 with round 17's rules (a gated model repository; the API server's own flag checks); the held-out
+    # third 6/6 with the frozen rules.
+    assert (
+        "blind batch 17, in-sample two thirds (collected after the rules froze a seventeenth time): 24/24 logs right"
+        in out
+    )
+    assert "blind batch 17, held-out third: 6/6 logs right" in out
     # Round 11's cut-excerpt rule, written after all of batches 4-10 were seen, passes 12 more of them (3 held out);
-    # with batches 11-16, 111/129 and 181/201 now; the held-out figure of record stays each batch's frozen score
-    # (score.py --frozen-held-out: 105/129).
-    assert "held-out thirds of blind batches 4-16: 111/129 logs right" in out and "(6 of them seen before" in out
-    assert "never fitted, together: 181/201 logs right" in out
+    # with batches 11-17, 117/135 and 187/207 now; the held-out figure of record stays each batch's frozen score
+    # (score.py --frozen-held-out: 111/135).
+    assert "held-out thirds of blind batches 4-17: 117/135 logs right" in out and "(6 of them seen before" in out
+    assert "never fitted, together: 187/207 logs right" in out
 
 
 # --- round 4: lines as they reach users, configuration checks by where they raise --------------------------------
@@ -1725,3 +1733,23 @@ def test_the_gpu_summary_with_weights_apart_gives_weights_activation_and_kv() ->
     # "Available KV cache memory" is preferred where the log has both.
     both = "Available KV cache memory: 4.40 GiB\n" + GPU_TOTALS_033
     assert parse_startup_memory(both).kv_cache_gib == 4.40
+
+
+# --- round 17: written on blind batch 17's in-sample two thirds only ---------------------------------------------
+
+
+def test_a_gated_model_repository_is_a_usage_error_with_what_to_do() -> None:
+    # ContextBench's log: huggingface_hub's GatedRepoError for the model's config.json, then transformers' OSError.
+    diagnosis = classify_failure(log("gpu-0.18-bad-flag-gated-model-403-facebook-cwm-contextbench.log"), 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("bad_flag", "usage")
+    assert "HF_TOKEN" in diagnosis.summary
+    # The OSError line alone, as a reporter may paste it.
+    alone = classify_failure("OSError: You are trying to access a gated repo.\nMake sure to have access to it", 1)
+    assert (alone.kind, alone.phase) == ("bad_flag", "usage")
+
+
+def test_a_value_error_from_the_api_servers_own_flag_checks_is_a_rejected_setting() -> None:
+    # cli_args.validate_parsed_serve_args -> chat_utils.validate_chat_template: --chat-template tool_use, no such file.
+    diagnosis = classify_failure(log("cpu-0.1x-bad-flag-chat-template-path-local-llm-server.log"), 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("bad_flag", "arguments")
+    assert "validate_chat_template" in diagnosis.summary
