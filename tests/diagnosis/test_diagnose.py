@@ -1274,6 +1274,7 @@ BATCH_SIZES = {
     "issue23-blind15": (35, 7),
     "issue23-blind16": (14, 4),
     "issue23-blind17": (30, 6),
+    "issue23-blind18": (7, 1),
 }
 
 

@@ -45,8 +45,10 @@ Three scores are printed:
 - blind 16: more logs (`"batch": "issue23-blind16"`) collected by a helper blind to the classifier after the rules were
   frozen a sixteenth time (BLIND16_RULES_SHA256, commit 2d46a01: round 15's rules), split and reported like blind 4;
 - blind 17: more logs (`"batch": "issue23-blind17"`) collected by a helper blind to the classifier with the same rules
-  still frozen (BLIND17_RULES_SHA256, the file of BLIND16_RULES_SHA256), split and reported like blind 4.
-A further line adds up the held-out thirds of blind batches 4-17 (the target of issue 23: 95% on logs no rule saw).
+  still frozen (BLIND17_RULES_SHA256, the file of BLIND16_RULES_SHA256), split and reported like blind 4;
+- blind 18: more logs (`"batch": "issue23-blind18"`) collected by a helper blind to the classifier after the rules were
+  frozen again (BLIND18_RULES_SHA256, commit 8719f98: round 17's rules), split and reported like blind 4.
+A further line adds up the held-out thirds of blind batches 4-18 (the target of issue 23: 95% on logs no rule saw).
 `--frozen-held-out` scores each held-out third with its own batch's frozen rules (read from git: the figure of record)
 and splits the total by `error_shown`: `"error_shown": false` marks a failure excerpt that stops before the line
 stating its error (the error only in the issue's title or prose). Batch 10's were marked when it was collected, before
@@ -144,6 +146,10 @@ BLIND16_RULES_SHA256 = "4376070570b78fdabf1f317a80461c532a97f34bb8fe283159f165d5
 # BLIND16_RULES_SHA256; no rule was written on batch 16); split in thirds by the same hash rule as batch 4.
 BLIND17_BATCH = "issue23-blind17"
 BLIND17_RULES_SHA256 = BLIND16_RULES_SHA256
+# The eighteenth blind batch: frozen again (commit 8719f98, round 17's rules) before any of its logs was collected;
+# split in thirds by the same hash rule as batch 4.
+BLIND18_BATCH = "issue23-blind18"
+BLIND18_RULES_SHA256 = "194c90173442a5f18009a1367b6216ed891b7cf178d93e809e2fcb80779e723f"
 # The batches split in thirds by the hash rule, with the ordinal their lines are printed with.
 SPLIT_BATCHES = {
     BLIND4_BATCH: "a fourth",
@@ -160,6 +166,7 @@ SPLIT_BATCHES = {
     BLIND15_BATCH: "a fifteenth",
     BLIND16_BATCH: "a sixteenth",
     BLIND17_BATCH: "a seventeenth",
+    BLIND18_BATCH: "an eighteenth",
 }
 # Every blind batch, in the order collected, with the diagnose.py its rules were frozen at.
 FROZEN_RULES = {
@@ -180,6 +187,7 @@ FROZEN_RULES = {
     BLIND15_BATCH: BLIND15_RULES_SHA256,
     BLIND16_BATCH: BLIND16_RULES_SHA256,
     BLIND17_BATCH: BLIND17_RULES_SHA256,
+    BLIND18_BATCH: BLIND18_RULES_SHA256,
 }
 _OLD_PHASE_WORDS = (
     ("while profiling", "profiling"),
@@ -193,7 +201,7 @@ _OLD_PHASE_WORDS = (
 
 def is_held_out(name: str, entry: dict[str, Any]) -> bool:
     """The split rule, fixed before the issue-23 logs were scored: a third of that batch (and of blind batches 4, 5,
-    6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 and 17), by a hash of the name."""
+    6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17 and 18), by a hash of the name."""
     return (entry.get("batch") == HELD_OUT_BATCH or entry.get("batch") in SPLIT_BATCHES) and int(
         hashlib.sha256(name.encode()).hexdigest(), 16
     ) % 3 == 0
@@ -225,6 +233,7 @@ FROZEN_COMMITS = {
     BLIND15_BATCH: "317cfc0c",
     BLIND16_BATCH: "2d46a01d",
     BLIND17_BATCH: "2d46a01d",
+    BLIND18_BATCH: "8719f989",
 }
 
 
