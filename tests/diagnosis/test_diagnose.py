@@ -1411,11 +1411,17 @@ def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.Captu
         in out
     )
     assert "blind batch 17, held-out third: 6/6 logs right" in out
+    # Blind batch 18, frozen at BLIND18_RULES_SHA256 (commit 8719f989, round 17's rules): 6/6 and 1/1; no rule.
+    assert (
+        "blind batch 18, in-sample two thirds (collected after the rules froze an eighteenth time): 6/6 logs right"
+        in out
+    )
+    assert "blind batch 18, held-out third: 1/1 logs right" in out
     # Round 11's cut-excerpt rule, written after all of batches 4-10 were seen, passes 12 more of them (3 held out);
-    # with batches 11-17, 117/135 and 187/207 now; the held-out figure of record stays each batch's frozen score
-    # (score.py --frozen-held-out: 111/135).
-    assert "held-out thirds of blind batches 4-17: 117/135 logs right" in out and "(6 of them seen before" in out
-    assert "never fitted, together: 187/207 logs right" in out
+    # with batches 11-18, 118/136 and 188/208 now; the held-out figure of record stays each batch's frozen score
+    # (score.py --frozen-held-out: 112/136).
+    assert "held-out thirds of blind batches 4-18: 118/136 logs right" in out and "(6 of them seen before" in out
+    assert "never fitted, together: 188/208 logs right" in out
 
 
 # --- round 4: lines as they reach users, configuration checks by where they raise --------------------------------
