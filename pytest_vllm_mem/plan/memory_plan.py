@@ -32,6 +32,7 @@ from pytest_vllm_mem.plan.layers import (
     MAMBA_BLOCKS_CHECK_SINCE,
     SLIDING,
     STATE_KINDS,
+    YARN_ALREADY_SCALED_SINCE,
     hybrid_block_size,
     prefix_caching,
     state_blocks_per_request,
@@ -716,8 +717,10 @@ def _setup(
     refusals.check_quantization(info, _flag(flags, "quantization"))
     kv_dtype = refusals.kv_dtype_bytes(_flag(flags, "kv_cache_dtype"), dtype, head_dim=info.head_dim)
     refusals.check_parallelism(info, tp)
-    max_model_len = _int_flag(flags, "max_model_len", info.derived_max_len or 2048)
-    refusals.check_max_model_len(info, max_model_len, env)
+    before_0_30 = release(version) < YARN_ALREADY_SCALED_SINCE
+    derived = info.derived_max_len_before_0_30 if before_0_30 else info.derived_max_len
+    max_model_len = _int_flag(flags, "max_model_len", derived or 2048)
+    refusals.check_max_model_len(info, max_model_len, env, before_0_30=before_0_30)
     _check_supported(info)
     block = _int_flag(flags, "block_size", CPU_BLOCK_SIZE if cpu else (64 if info.is_mla else GPU_BLOCK_SIZE))
     check_drafter(flags)

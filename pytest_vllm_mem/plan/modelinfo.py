@@ -121,6 +121,7 @@ class ModelInfo:
     attention_chunk_size: int | None = None
     derived_max_len: int | None = None  # vLLM's limit on max_model_len (layers.derived_max_len)
     derived_max_len_key: str | None = None
+    derived_max_len_before_0_30: int | None = None  # the same under releases before 0.30 (a yarn RoPE scaled)
     vision_params: int = 0  # a multimodal model's vision tower and projector, loaded with the language model
     state: StateDims | None = None  # Gated DeltaNet / Mamba2 layers' figures (layers.py), None without them
     attn_output_gate: bool = False  # Qwen3-Next / Qwen3.5: q_proj also projects a gate (twice the query width)
@@ -497,6 +498,7 @@ def model_info_from_config(
         attention_chunk_size=_int(text, "attention_chunk_size", default=None),
         derived_max_len=limit,
         derived_max_len_key=limit_key,
+        derived_max_len_before_0_30=derived_max_len(text, before_0_30=True)[0],
         vision_params=gemma4_vision_params(config, hidden) if gemma4 else _vision_params(config, hidden),
         audio_params=gemma4_audio_params(config, hidden) if gemma4 else 0,
         state=state_dims(text, kinds),

@@ -122,13 +122,15 @@ def check_parallelism(info: ModelInfo, tp: int) -> None:
         )
 
 
-def check_max_model_len(info: ModelInfo, max_model_len: int, env: Mapping[str, str]) -> None:
-    limit = info.derived_max_len
+def check_max_model_len(
+    info: ModelInfo, max_model_len: int, env: Mapping[str, str], *, before_0_30: bool = False
+) -> None:
+    limit = info.derived_max_len_before_0_30 if before_0_30 else info.derived_max_len
     if limit is None or max_model_len <= limit or env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").strip() in ("1", "true"):
         return
     raise PlanRefused(
         f"User-specified max_model_len ({max_model_len}) is greater than the derived max_model_len "
-        f"({info.derived_max_len_key}={float(limit)} or model_max_length=None in model's config.json). To allow "
+        f"({info.derived_max_len_key}={float(limit or 0)} or model_max_length=None in model's config.json). To allow "
         "overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.",
         f"Give max_model_len {limit:,} or less.",
     )

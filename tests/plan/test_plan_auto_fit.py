@@ -99,13 +99,14 @@ def test_hf_overrides_are_applied_to_the_config_as_vllm_reads_it() -> None:
     dynamic = {"text_config": {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}}
     for given in (dynamic, json.dumps(dynamic)):
         assert plan(qwen, {**flags, "hf_overrides": given}, gb10, vllm_version="0.27.1").max_model_len == 524_288
-    # YaRN leaves the positions as they are (vLLM takes them as already scaled): a public GB10 run of this model at
-    # 786,432 tokens with a YaRN factor-3 override also set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, and its log's pool held
-    # 820,013 tokens in 50.29 GiB.
+    # YaRN: from 0.30 vLLM takes the positions as already scaled (a public GB10 run of this model at 786,432 tokens
+    # with a YaRN factor-3 override set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, and its log's pool held 820,013 tokens in
+    # 50.29 GiB); before 0.30 (the 0.27.1 and 0.29.0 wheels) it scaled them by the factor.
     yarn = {"text_config": {"rope_parameters": {"rope_type": "yarn", "factor": 3.0}}}
     long = {**flags, "max_model_len": 786_432, "hf_overrides": yarn, "kv_cache_memory_bytes": int(50.29 * GIB)}
     with pytest.raises(PlanRefused, match=re.escape("greater than the derived max_model_len")):
-        plan(qwen, long, gb10, vllm_version="0.27.1")
+        plan(qwen, long, gb10, vllm_version="0.30.0")
+    assert plan(qwen, long, gb10, vllm_version="0.27.1").max_model_len == 786_432
     allowed = plan(qwen, long, gb10, vllm_version="0.27.1", env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"})
     assert allowed.kv_tokens.value == pytest.approx(820_013, rel=0.005)
     # A plain value replaces the top-level key: a shorter limit is refused above it.

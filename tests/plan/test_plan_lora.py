@@ -47,3 +47,25 @@ def test_64_slots_on_an_rtx_4090_leave_the_kv_cache_the_startup_logged() -> None
     planned = plan(info, flags, RTX4090, vllm_version="0.27.1")
     assert planned.kv_bytes.value / GIB == pytest.approx(5.89, rel=0.05)
     assert any("3.94 GiB of LoRA slots" in note for note in planned.notes)  # says what it counted and what not
+
+
+def test_a_yarn_context_is_scaled_from_its_original_length_before_vllm_0_30() -> None:
+    # vLLM 0.27.1-0.29.0 config/model.py: a yarn RoPE derives original_max_position_embeddings x factor; 0.30.0 on
+    # counts yarn as already scaled. A public 4x H100 startup of Qwen3-32B (vLLM 0.10.0, yarn factor 4 over 32768)
+    # served max_model_len 131072 (benchmarks/data/gpu_startups.json, fifteenth collection).
+    from pytest_vllm_mem.plan.errors import PlanRefused
+
+    config = {
+        **QWEN3_4B,
+        "max_position_embeddings": 40960,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+    }
+    info = model_info_from_config(config, name="Qwen/Qwen3-32B")
+    assert (info.derived_max_len, info.derived_max_len_before_0_30) == (40960, 131072)
+    h100 = Card("cuda", "H100", int(79.19 * GIB))
+    assert plan(info, {"max_model_len": 131072}, h100, vllm_version="0.29.0").verdict in (
+        "fits",
+        "kv_cache_insufficient",
+    )
+    with pytest.raises(PlanRefused, match="derived max_model_len"):
+        plan(info, {"max_model_len": 131072}, h100, vllm_version="0.30.0")
