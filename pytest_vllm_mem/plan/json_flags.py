@@ -1,4 +1,5 @@
-"""vLLM flags whose value is a JSON object (--compilation-config, --speculative-config), as the plan reads them."""
+"""vLLM flags the plan reads beyond a plain value: a JSON object (--compilation-config, --speculative-config) and a
+switch (--enable-lora, --language-model-only) given as True or as its command-line text."""
 
 from __future__ import annotations
 
@@ -19,4 +20,9 @@ def json_flag(flags: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
     return value if isinstance(value, Mapping) else None
 
 
-__all__ = ["json_flag"]
+def switch_on(flags: Mapping[str, Any], name: str) -> bool:
+    """Whether the switch `name` is set (True, or "true"/"True"/1 as a suite or the command line gives it)."""
+    return flags.get(name) in (True, "true", "True", 1)
+
+
+__all__ = ["json_flag", "switch_on"]

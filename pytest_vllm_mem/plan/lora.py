@@ -12,33 +12,14 @@ experts and state layers, and the punica kernels' per-batch buffers; on a public
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from pytest_vllm_mem.plan.modelinfo import ModelInfo
 
 DEFAULT_MAX_LORAS = 1
 DEFAULT_MAX_LORA_RANK = 16
 
 
-def _int_value(flags: Mapping[str, Any], name: str, default: int) -> int:
-    value = flags.get(name)
-    try:
-        return int(value) if value is not None else default
-    except (TypeError, ValueError):
-        return default
-
-
-def lora_enabled(flags: Mapping[str, Any]) -> bool:
-    return flags.get("enable_lora") in (True, "true", "True", 1)
-
-
-def lora_bytes(info: ModelInfo, flags: Mapping[str, Any], *, tp: int, dtype: float) -> int:
-    """Bytes of LoRA slot buffers on one GPU, 0 without --enable-lora."""
-    if not lora_enabled(flags):
-        return 0
-    slots = _int_value(flags, "max_loras", DEFAULT_MAX_LORAS)
-    rank = _int_value(flags, "max_lora_rank", DEFAULT_MAX_LORA_RANK)
+def lora_bytes(info: ModelInfo, *, slots: int, rank: int, tp: int, dtype: float) -> int:
+    """Bytes of the LoRA slot buffers on one GPU: `slots` (--max-loras) of rank `rank` (--max-lora-rank)."""
     h, tp = info.hidden_size, max(1, tp)
     q_out, kv_out = info.num_attention_heads * info.head_dim, info.num_kv_heads * info.head_dim
     # (slices x full input + output share) for column-parallel layers, (input share + full output) for row-parallel
@@ -51,4 +32,4 @@ def lora_bytes(info: ModelInfo, flags: Mapping[str, Any], *, tp: int, dtype: flo
     return int(slots * rank * per_layer * info.num_layers * dtype)
 
 
-__all__ = ["lora_bytes", "lora_enabled"]
+__all__ = ["DEFAULT_MAX_LORAS", "DEFAULT_MAX_LORA_RANK", "lora_bytes"]

@@ -22,7 +22,7 @@ from pytest_vllm_mem.plan.auto_fit import CANNOT_AUTO_FIT, auto_fit_requested, f
 from pytest_vllm_mem.plan.batch_defaults import batch_defaults
 from pytest_vllm_mem.plan.cudagraphs import FULL_CAPTURE_SIZES, capture_sizes, full_cudagraphs
 from pytest_vllm_mem.plan.errors import PlanError, PlanRefused, PlanUnsupported
-from pytest_vllm_mem.plan.json_flags import json_flag
+from pytest_vllm_mem.plan.json_flags import json_flag, switch_on
 from pytest_vllm_mem.plan.kv_layout import KVLayout, layout
 from pytest_vllm_mem.plan.layers import (
     CHUNKED,
@@ -38,7 +38,7 @@ from pytest_vllm_mem.plan.layers import (
     state_blocks_per_request,
     state_shape,
 )
-from pytest_vllm_mem.plan.lora import lora_bytes
+from pytest_vllm_mem.plan.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, lora_bytes
 from pytest_vllm_mem.plan.modelinfo import ModelInfo, ModelInfoError, ceil_div, dtype_bytes, with_hf_overrides
 from pytest_vllm_mem.plan.speculative import Speculative, check_drafter, is_mtp, mtp_layers, speculative
 from pytest_vllm_mem.plan.weights import architecture_weight_bytes
@@ -756,7 +756,15 @@ def _setup(
         env=dict(env),
         spec=spec,
         full_graphs=full_cudagraphs(flags),
-        lora_bytes=lora_bytes(info, flags, tp=tp, dtype=dtype),
+        lora_bytes=lora_bytes(
+            info,
+            slots=_int_flag(flags, "max_loras", DEFAULT_MAX_LORAS),
+            rank=_int_flag(flags, "max_lora_rank", DEFAULT_MAX_LORA_RANK),
+            tp=tp,
+            dtype=dtype,
+        )
+        if switch_on(flags, "enable_lora")
+        else 0,
     )
 
 
@@ -942,8 +950,7 @@ def _as_served(info: ModelInfo, flags: Mapping[str, Any], vllm_version: str | No
     overrides = json_flag(flags, "hf_overrides")
     if overrides:
         info = with_hf_overrides(info, overrides)
-    text_only = _flag(flags, "language_model_only") in (True, "true", "True", 1)
-    if text_only and release(vllm_version) >= TOWERS_SKIPPED_SINCE:
+    if switch_on(flags, "language_model_only") and release(vllm_version) >= TOWERS_SKIPPED_SINCE:
         return replace(info, vision_params=0, audio_params=0)
     return info
 

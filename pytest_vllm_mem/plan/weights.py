@@ -70,10 +70,14 @@ def _gemma_attention_params(info: ModelInfo) -> int:
         full = kind == FULL
         head_dim = info.full_head_dim if full and info.full_head_dim else info.head_dim
         kv_heads = (info.full_kv_heads or info.num_kv_heads) if full else info.num_kv_heads
-        q_out = heads * head_dim
-        kv = 0 if cache == KV_SHARED else (1 if full and k_eq_v else 2) * h * kv_heads * head_dim
-        total += 2 * h * q_out + kv
+        kv_matrices = 0 if cache == KV_SHARED else (1 if full and k_eq_v else 2)
+        total += _qkvo(h, heads * head_dim, kv_heads * head_dim, kv_matrices=kv_matrices)
     return total // max(1, len(info.kinds))
+
+
+def _qkvo(h: int, q_out: int, kv_out: int, *, kv_matrices: int = 2, gate: int = 0) -> int:
+    """q (with an output gate's width where the model has one), `kv_matrices` of K and V, and o."""
+    return h * (q_out + gate) + kv_matrices * h * kv_out + q_out * h
 
 
 def _attention_params(info: ModelInfo) -> int:
@@ -92,7 +96,7 @@ def _full_attention_params(info: ModelInfo) -> int:
     if not info.is_mla:
         q_out, kv_out = info.num_attention_heads * info.head_dim, info.num_kv_heads * info.head_dim
         gate = q_out if info.attn_output_gate else 0  # Qwen3-Next / Qwen3.5: q_proj doubles for the output gate
-        return h * (q_out + gate) + 2 * h * kv_out + q_out * h
+        return _qkvo(h, q_out, kv_out, gate=gate)
     rank, rope = info.kv_lora_rank or 0, info.qk_rope_head_dim or 0
     q_lora = _int(info.raw, "q_lora_rank", default=0) or 0
     nope = _int(info.raw, "qk_nope_head_dim", default=info.head_dim) or info.head_dim

@@ -30,11 +30,13 @@ def test_slots_are_rank_by_input_and_output_of_every_wrapped_linear() -> None:
     info = model_info_from_config(QWEN3_4B, name="Qwen/Qwen3-4B")
     # Per layer and rank: QKV 3 x 2560 in + 6144 out, o 4096 + 2560, gate/up 2 x 2560 + 2 x 9728, down 9728 + 2560.
     per_layer = 3 * 2560 + 6144 + 4096 + 2560 + 2 * 2560 + 2 * 9728 + 9728 + 2560
-    flags = {"enable_lora": True, "max_loras": 64}
-    assert lora_bytes(info, flags, tp=1, dtype=2) == 64 * 16 * per_layer * 36 * 2
-    assert lora_bytes(info, {"max_loras": 64}, tp=1, dtype=2) == 0  # without --enable-lora none
-    assert lora_bytes(info, {**flags, "max_lora_rank": 32}, tp=1, dtype=2) == 2 * lora_bytes(info, flags, tp=1, dtype=2)
-    assert lora_bytes(info, flags, tp=2, dtype=2) < lora_bytes(info, flags, tp=1, dtype=2)
+    slots = {"slots": 64, "rank": 16}
+    assert lora_bytes(info, **slots, tp=1, dtype=2) == 64 * 16 * per_layer * 36 * 2
+    assert lora_bytes(info, slots=64, rank=32, tp=1, dtype=2) == 2 * lora_bytes(info, **slots, tp=1, dtype=2)
+    assert lora_bytes(info, **slots, tp=2, dtype=2) < lora_bytes(info, **slots, tp=1, dtype=2)
+    # Without --enable-lora the plan counts none.
+    rtx4090 = Card("cuda", "NVIDIA GeForce RTX 4090", int(23.52 * GIB), nvlink=False)
+    assert plan(info, {"max_loras": 64}, rtx4090).weights == plan(info, {}, rtx4090).weights
 
 
 def test_64_slots_on_an_rtx_4090_leave_the_kv_cache_the_startup_logged() -> None:
