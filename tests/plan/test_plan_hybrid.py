@@ -196,7 +196,9 @@ def test_a_hybrid_config_is_planned_with_its_state_layers_in_the_weights_and_the
 
 def test_state_layers_the_plan_does_not_size_are_unsupported_with_the_reason() -> None:
     nemotron = qwen27b(layer_types=["mamba", "full_attention"] * 32)
-    with pytest.raises(PlanUnsupported, match="not Mamba/Mamba2 stacks such as Nemotron-H"):
+    with pytest.raises(
+        PlanUnsupported, match="a Mamba2 config without the mamba_n_heads / mamba_d_head / mamba_d_state"
+    ):
         plan(nemotron, {}, RTX3090)
     with pytest.raises(PlanUnsupported, match="without the linear_num_value_heads"):
         plan(qwen27b(**{k: None for k in QWEN27B if k.startswith("linear_")}), {}, RTX3090)
