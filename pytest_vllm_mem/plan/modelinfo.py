@@ -27,6 +27,7 @@ from pytest_vllm_mem.plan.layers import (
     StateDims,
     derived_max_len,
     layer_kinds,
+    pattern_layer_count,
     state_dims,
 )
 from pytest_vllm_mem.plan.towers import gemma4_audio_params, gemma4_vision_params
@@ -273,6 +274,13 @@ def _int(config: dict[str, Any], *names: str, default: int | None = None) -> int
     return default
 
 
+def _first_int(value: Any) -> int | None:
+    """The first whole number of a list (a per-layer size given as a list), else None."""
+    if isinstance(value, list) and value and isinstance(value[0], int) and not isinstance(value[0], bool):
+        return value[0]
+    return None
+
+
 def _text_config(config: dict[str, Any]) -> dict[str, Any]:
     """Multimodal configs (Llava, Gemma 3, Qwen2-VL ...) nest the language model's figures in text_config."""
     text = config.get("text_config") or config.get("llm_config")
@@ -463,6 +471,8 @@ def model_info_from_config(
             f"model {name} keeps its experts and KV heads in nested ffn_config / attn_config objects (DBRX's layout), "
             "which the plan does not read. Measure this one with a real startup."
         )
+    if "num_hidden_layers" not in config and pattern_layer_count(config):  # Nemotron-H as transformers >= 5 saves it
+        config = {**config, "num_hidden_layers": pattern_layer_count(config)}
     config = _with_defaults_if_incomplete(config, name)
     text = _text_config(config)
     layers = _int(text, "num_hidden_layers", *_ALIASES["num_hidden_layers"]) or 0
@@ -495,6 +505,7 @@ def model_info_from_config(
         # without experts Granite's shared MLP is the layer's only MLP (granitemoehybrid.py: no block_sparse_moe)
         intermediate_size=(shared if shared and not experts else None)
         or _int(text, "intermediate_size", "n_inner", "ffn_dim", default=None)
+        or _first_int(text.get("intermediate_size"))  # Nemotron-H may list one per MLP layer
         or (_int(text, "expansion_ratio", default=4) or 4) * hidden  # MPT: expansion_ratio x d_model
         or 4 * hidden,
         vocab_size=_int(text, "vocab_size", default=32000) or 32000,

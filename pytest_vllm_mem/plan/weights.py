@@ -17,7 +17,7 @@ import fnmatch
 import re
 from dataclasses import dataclass
 
-from pytest_vllm_mem.plan.layers import FULL, GDN, KV_SHARED, MAMBA2
+from pytest_vllm_mem.plan.layers import FULL, GDN, KV_SHARED, MAMBA2, MLP_ONLY, MOE_ONLY
 from pytest_vllm_mem.plan.modelinfo import ModelInfo, _int
 
 # Model types whose MLP is up/down only (no gate): two matrices per layer instead of three.
@@ -135,8 +135,42 @@ def _padded_expert_area(info: ModelInfo, hidden: int, inter: int) -> int:
     return (-(-hidden // 256) * 256) * (-(-inter // 128) * 128)
 
 
+def _block_pattern_parameters(info: ModelInfo) -> Parameters:
+    """Nemotron-H (nemotron_h.py): each layer one norm and one block, by its pattern: a Mamba2 mixer, attention, an
+    up/down MLP (squared ReLU, no gate), or experts (up/down each, on `moe_latent_size` where set, with its two
+    projections), the router and the shared experts' MLP."""
+    h, raw = info.hidden_size, info.raw
+    counts = {kind: info.kinds.count(kind) for kind in (MAMBA2, FULL, MLP_ONLY, MOE_ONLY)}
+    mixer = sum(count for _, count in _mamba2_parts(info))
+    latent = _int(raw, "moe_latent_size", default=0) or 0
+    width = latent or h
+    moe_inter = info.moe_intermediate_size or info.intermediate_size
+    experts = counts[MOE_ONLY] * info.num_experts * 2 * width * moe_inter
+    shared = (_int(raw, "moe_shared_expert_intermediate_size", default=0) or 0) * (
+        _int(raw, "n_shared_experts", default=0) or 0
+    )
+    per_moe = h * info.num_experts + info.num_experts + 2 * h * shared + (2 * h * latent if latent else 0)
+    other = (
+        counts[MAMBA2] * mixer
+        + counts[FULL] * _full_attention_params(info)
+        + counts[MLP_ONLY] * 2 * h * info.intermediate_size
+        + counts[MOE_ONLY] * per_moe
+    )
+    return Parameters(
+        expert_per_layer=experts / info.num_layers,
+        other_linear_per_layer=other / info.num_layers,
+        norms_per_layer=h,
+        embedding=info.vocab_size * h,
+        lm_head=0 if info.tie_word_embeddings else info.vocab_size * h,
+        final_norm=h,
+        vision=info.vision_params,
+    )
+
+
 def parameters(info: ModelInfo) -> Parameters:
     h, layers = info.hidden_size, info.num_layers
+    if MLP_ONLY in info.kinds or MOE_ONLY in info.kinds:
+        return _block_pattern_parameters(info)
     attention = _attention_params(info)
     if info.num_experts:
         expert_inter = info.moe_intermediate_size or info.intermediate_size

@@ -1,6 +1,7 @@
-"""State-space models: Granite 4.0 H's Mamba2 layers planned; every other state-space family refused by name.
+"""State-space models: Granite 4.0 H's and Nemotron-H's Mamba2 layers planned; other families refused by name.
 
-Expected parameter counts come from transformers 5.19's own GraniteMoeHybridForCausalLM built on the meta device
+Expected parameter counts come from transformers 5.19's own GraniteMoeHybridForCausalLM / NemotronHForCausalLM built
+on the meta device
 (no weights) for the configs below, the sum of `numel()` over `model.parameters()`:
 
     with torch.device("meta"): model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**GRANITE_H))
@@ -92,27 +93,56 @@ def test_granite_h_state_page_is_vllms_mamba2_shape_and_the_config_is_planned() 
     assert any("135,680 B of state" in note for note in tp2.notes), tp2.notes
 
 
-NEMOTRON_H = {
+# A Nemotron-H config in the layout of NVIDIA's published ones (hybrid_override_pattern: M a Mamba2 mixer,
+# - an MLP, * attention, E experts), 8 layers; transformers 5.19 counts 129,158,432 parameters for it, and vLLM's
+# router adds an e_score_correction_bias per expert (8) that transformers' model does not hold.
+NEMOTRON_H: dict[str, Any] = {
     "architectures": ["NemotronHForCausalLM"],
     "model_type": "nemotron_h",
-    "hidden_size": 4480,
-    "intermediate_size": 15680,
+    "hidden_size": 1024,
+    "intermediate_size": 4096,
     "num_hidden_layers": 8,
     "hybrid_override_pattern": "M-M*-M-E",
-    "num_attention_heads": 40,
-    "num_key_value_heads": 8,
-    "mamba_num_heads": 128,
-    "mamba_head_dim": 80,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 128,
+    "mamba_num_heads": 32,
+    "mamba_head_dim": 64,
     "ssm_state_size": 128,
     "n_groups": 8,
-    "vocab_size": 131072,
+    "conv_kernel": 4,
+    "n_routed_experts": 8,
+    "n_shared_experts": 1,
+    "moe_intermediate_size": 512,
+    "moe_shared_expert_intermediate_size": 1024,
+    "num_experts_per_tok": 2,
+    "vocab_size": 32000,
+    "tie_word_embeddings": False,
 }
+# the same pattern as transformers >= 5 saves it (no num_hidden_layers, no pattern string)
+NEMOTRON_H_NEW = {k: v for k, v in NEMOTRON_H.items() if k not in ("num_hidden_layers", "hybrid_override_pattern")}
+NEMOTRON_H_NEW["layers_block_type"] = ["linear_attention", "mlp", "linear_attention", "full_attention", "mlp"]
+NEMOTRON_H_NEW["layers_block_type"] += ["linear_attention", "mlp", "moe"]
+
+
+@pytest.mark.parametrize("config", [NEMOTRON_H, NEMOTRON_H_NEW])
+def test_nemotron_h_blocks_are_counted_and_its_mamba2_state_planned(config: dict[str, Any]) -> None:
+    info = model_info_from_config(config, name="nemotron-h")
+    assert architecture_weight_bytes(info, 2) / 2 == 129_158_432 + 8
+    predicted = plan(info, {"max_model_len": 8192}, H100, vllm_version="0.27.1")
+    # conv 3 x (32 x 64 + 2 x 8 x 128) bf16 and temporal 32 x 64 x 128 in float32 (vLLM's NemotronH config class
+    # turns "auto" into float32): 24,576 + 1,048,576 bytes
+    assert any("1,073,152 B of state per layer and request" in note for note in predicted.notes), predicted.notes
+    assert predicted.verdict == "fits"
 
 
 @pytest.mark.parametrize(
     ("config", "named"),
     [
-        (NEMOTRON_H, "Nemotron-H's layers hold one block each"),
+        (
+            {k: v for k, v in NEMOTRON_H.items() if not k.startswith(("mamba_", "ssm_"))},
+            "a Nemotron-H block pattern without the mamba_num_heads",
+        ),
         (
             {**GRANITE_H, "model_type": "jamba", "layer_types": None, "attn_layer_period": 4, "attn_layer_offset": 3},
             "Mamba (v1) mixers",
