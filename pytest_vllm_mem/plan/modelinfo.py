@@ -461,19 +461,39 @@ def _gemma4_full_kv_heads(text: dict[str, Any]) -> int:
     return heads if heads and text.get("attention_k_eq_v", True) else 0
 
 
-def model_info_from_config(
-    config: dict[str, Any], *, name: str, folder: Path | None = None, checkpoint: CheckpointBytes | None = None
-) -> ModelInfo:
-    """ModelInfo from a parsed config.json (`name` appears in errors); missing fields from the class defaults."""
+def _readable(config: dict[str, Any], name: str) -> dict[str, Any]:
+    """The config with its layer count where only a block pattern names it (Nemotron-H as transformers >= 5 saves
+    it); DBRX's nested layout refused by name."""
     ffn = _text_config(config).get("ffn_config")
     if isinstance(ffn, dict) and "moe_num_experts" in ffn:
         raise PlanUnsupported(
             f"model {name} keeps its experts and KV heads in nested ffn_config / attn_config objects (DBRX's layout), "
             "which the plan does not read. Measure this one with a real startup."
         )
-    if "num_hidden_layers" not in config and pattern_layer_count(config):  # Nemotron-H as transformers >= 5 saves it
-        config = {**config, "num_hidden_layers": pattern_layer_count(config)}
-    config = _with_defaults_if_incomplete(config, name)
+    if "num_hidden_layers" not in config and pattern_layer_count(config):
+        return {**config, "num_hidden_layers": pattern_layer_count(config)}
+    return config
+
+
+def _experts_and_shared_mlp(text: dict[str, Any], model_type: str, *, gemma4: bool) -> tuple[int, int]:
+    """Routed experts, and the width of the MLP every MoE layer runs beside them (0 for none)."""
+    # Granite MoE / Granite 4.0 H name their shared MLP shared_intermediate_size (granitemoehybrid.py shared_mlp)
+    shared = _int(text, "shared_expert_intermediate_size", "shared_intermediate_size", default=0) or (
+        (_int(text, "n_shared_experts", default=0) or 0) * (_int(text, "moe_intermediate_size", default=0) or 0)
+    )
+    experts = _int(text, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0
+    if not shared and experts and (model_type.startswith("llama4") or gemma4):
+        # Llama 4: one shared expert per MoE layer; Gemma 4 (gemma4.py Gemma4DecoderLayer): the dense MLP of
+        # intermediate_size beside the experts in every layer
+        shared = _int(text, "intermediate_size", default=0) or 0
+    return experts, shared
+
+
+def model_info_from_config(
+    config: dict[str, Any], *, name: str, folder: Path | None = None, checkpoint: CheckpointBytes | None = None
+) -> ModelInfo:
+    """ModelInfo from a parsed config.json (`name` appears in errors); missing fields from the class defaults."""
+    config = _with_defaults_if_incomplete(_readable(config, name), name)
     text = _text_config(config)
     layers = _int(text, "num_hidden_layers", *_ALIASES["num_hidden_layers"]) or 0
     hidden = _int(text, "hidden_size", *_ALIASES["hidden_size"]) or 0
@@ -482,16 +502,10 @@ def model_info_from_config(
     window = None if text.get("use_sliding_window") is False else _int(text, "sliding_window", default=None)
     layer_types = text.get("layer_types")
     limit, limit_key = derived_max_len(text)
-    # Granite MoE / Granite 4.0 H name their shared MLP shared_intermediate_size (granitemoehybrid.py shared_mlp)
-    shared = _int(text, "shared_expert_intermediate_size", "shared_intermediate_size", default=0) or (
-        (_int(text, "n_shared_experts", default=0) or 0) * (_int(text, "moe_intermediate_size", default=0) or 0)
-    )
-    experts = _int(text, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0
     model_type = str(text.get("model_type", ""))
     gemma4 = model_type.startswith("gemma4") or str(config.get("model_type", "")).startswith("gemma4")
+    experts, shared = _experts_and_shared_mlp(text, model_type, gemma4=gemma4)
     kinds = layer_kinds(text, layers, window)
-    if not shared and model_type.startswith("llama4"):
-        shared = _int(text, "intermediate_size", default=0) or 0  # Llama 4: one shared expert per MoE layer
     return ModelInfo(
         name=name,
         folder=folder,
@@ -517,7 +531,7 @@ def model_info_from_config(
         kv_lora_rank=_int(text, "kv_lora_rank"),
         qk_rope_head_dim=_int(text, "qk_rope_head_dim"),
         num_experts=experts,
-        experts_per_token=_int(text, "num_experts_per_tok", default=0) or 0,
+        experts_per_token=_int(text, "num_experts_per_tok", "top_k_experts", default=0) or 0,  # Gemma 4: top_k
         moe_intermediate_size=_int(text, "moe_intermediate_size", default=None),
         shared_expert_intermediate_size=shared if experts else 0,
         quant_method=quant.method,

@@ -160,3 +160,36 @@ def test_a_config_without_tie_word_embeddings_takes_its_class_default() -> None:
     mistral = {**gemma, "model_type": "mistral", "head_dim": 128}
     assert not model_info_from_config(mistral, name="mistral").tie_word_embeddings
     assert not model_info_from_config({**gemma, "tie_word_embeddings": False}, name="x").tie_word_embeddings
+
+
+# google/gemma-4-26B-A4B-it's text config as published (hidden_size_per_layer_input 0: no per-layer inputs).
+GEMMA4_26B_A4B_TEXT: dict[str, Any] = {
+    "model_type": "gemma4_text",
+    "hidden_size": 2816,
+    "intermediate_size": 2112,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "num_global_key_value_heads": 2,
+    "head_dim": 256,
+    "global_head_dim": 512,
+    "attention_k_eq_v": True,
+    "vocab_size": 262144,
+    "max_position_embeddings": 262144,
+    "sliding_window": 1024,
+    "enable_moe_block": True,
+    "num_experts": 128,
+    "top_k_experts": 8,
+    "moe_intermediate_size": 704,
+    "hidden_size_per_layer_input": 0,
+    "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 5,
+}
+
+
+def test_gemma4_moe_layers_keep_their_dense_mlp_beside_the_experts() -> None:
+    # vLLM's Gemma4DecoderLayer builds self.mlp (intermediate_size) in every layer and, with enable_moe_block, the
+    # experts as well; transformers 5.19's Gemma4ForCausalLM of this config has 25,233,141,760 parameters (the router
+    # scales and the extra norms, 0.002%, are not counted here). Without the dense MLP the count was 24.70B.
+    info = model_info_from_config({"text_config": GEMMA4_26B_A4B_TEXT, "tie_word_embeddings": True}, name="g26")
+    assert architecture_weight_bytes(info, 2) / 2 == pytest.approx(25_233_141_760, rel=1e-4)
+    assert info.experts_per_token == 8  # Gemma 4 names it top_k_experts
