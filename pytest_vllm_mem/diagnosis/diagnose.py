@@ -453,7 +453,7 @@ def _wrapped_match(pattern: re.Pattern[str], lines: Sequence[_Line], line: _Line
 
 
 def parse_startup_memory(log_text: str) -> StartupMemory:
-    """The startup memory figures in a vLLM log (first occurrence of each; tensor-parallel ranks print alike)."""
+    """The startup memory figures in a vLLM log (first occurrence of each, except the KV cache: the smallest rank's)."""
     lines = _lines(log_text)
     values: dict[str, Any] = {}
 
@@ -526,8 +526,28 @@ def parse_startup_memory(log_text: str) -> StartupMemory:
         values.setdefault("device_total_gib", float(results.group(1)))
         values.setdefault("kv_cache_gib", float(results.group(2)))
         values.setdefault("gpu_memory_utilization", float(results.group(3)))
+    pool = _smallest_rank_kv(lines)
+    if pool is not None and "kv_cache_gib" in values:
+        values["kv_cache_gib"] = min(values["kv_cache_gib"], pool)
     values.update(_compile_figures(lines))
     return StartupMemory(**values)
+
+
+# Each tensor-parallel rank prints its own KV figure, and they can differ (one rank holds more of the non-torch
+# memory); the pool is sized from the smallest: V0's executor takes min(num_gpu_blocks) over the workers, V1's
+# get_kv_cache_configs the minimum available memory. Only lines near the first one count, so a log that restarts the
+# server with other flags keeps its first startup's figure.
+_RANK_WINDOW = 40
+
+
+def _smallest_rank_kv(lines: Sequence[_Line]) -> float | None:
+    """The smallest per-rank KV figure ("Available KV cache memory", V0's kv_cache_size) of the first startup."""
+    for pattern, group in ((_KV_GIB, 1), (_V0_RESULTS, 2)):
+        found = [(line.index, float(m.group(group))) for line in lines if (m := pattern.search(line.text))]
+        if found:
+            first = found[0][0]
+            return min(value for index, value in found if index - first <= _RANK_WINDOW)
+    return None
 
 
 # --- failures -------------------------------------------------------------------------------------------------
@@ -784,7 +804,8 @@ _STAGE_PHASE = {
     "serving": "serving",
 }
 # Traceback frames and messages that name a phase, most specific first: a profile run calls the sampler warm-up, a
-# capture calls the model, and every startup RPC of a V1 worker runs in worker_busy_loop.
+# capture calls the model, V1's _initialize_kv_caches calls the warm-up and capture, and every startup RPC of a V1
+# worker runs in worker_busy_loop.
 _PHASE_EVIDENCE: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("sampler_warmup", re.compile(r"_dummy_sampler_run|_dummy_pooler_run|warming up (?:sampler|pooler)")),
     (
@@ -792,6 +813,9 @@ _PHASE_EVIDENCE: tuple[tuple[str, re.Pattern[str]], ...] = (
         re.compile(
             r"\bcapture_model\b|_capture_cudagraphs|\bcapture_end\b|torch\.cuda\.graph\(|_warmup_and_capture"
             r"|CUDAGraphRunner|\bprofile_cudagraph_memory\b"
+            # V1's kernel warm-up (FlashInfer autotuning), the step of compile_or_warm_up_model just before the
+            # capture: after the KV cache took its budget, as the capture is
+            r"|\bkernel_warmup\b|\bflashinfer_autotune\b"
         ),
     ),
     (
@@ -1384,9 +1408,12 @@ _VALIDATION = re.compile(r"\d+ validation errors? for (\w+)")
 
 
 # The model argument names nothing vLLM can load: get_config finds neither config file (a diffusion pipeline, a wrong
-# folder), or ModelConfig's validation finds no such hub repository or local folder.
+# folder), ModelConfig's validation finds no such hub repository or local folder, or the hub answers that the
+# repository does not exist for these credentials (huggingface_hub's RepositoryNotFoundError, which transformers'
+# cached_file turns into "... is not a local folder and is not a valid model identifier").
 _NO_MODEL_CONFIG = re.compile(
     r"Could not detect config format for no config file found|Invalid repository ID or local directory specified"
+    r"|\bRepositoryNotFoundError\b|is not a local folder and is not a valid model identifier"
 )
 # The model's hub repository is there but closed to these credentials: huggingface_hub's GatedRepoError (a license
 # not accepted, no HF_TOKEN) and transformers' "You are trying to access a gated repo".

@@ -1275,6 +1275,7 @@ BATCH_SIZES = {
     "issue23-blind16": (14, 4),
     "issue23-blind17": (30, 6),
     "issue23-blind18": (7, 1),
+    "issue23-blind19": (26, 7),
 }
 
 
@@ -1417,11 +1418,19 @@ def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.Captu
         in out
     )
     assert "blind batch 18, held-out third: 1/1 logs right" in out
+    # Blind batch 19, with the rules still frozen at BLIND18_RULES_SHA256: the in-sample two thirds 17/19 -> 19/19 with
+    # round 19's rules (the smallest rank's KV figure; a hub repository not found; the kernel warm-up's phase); the
+    # held-out third 6/7 with the frozen rules.
+    assert (
+        "blind batch 19, in-sample two thirds (collected after the rules froze a nineteenth time): 19/19 logs right"
+        in out
+    )
+    assert "blind batch 19, held-out third: 6/7 logs right" in out
     # Round 11's cut-excerpt rule, written after all of batches 4-10 were seen, passes 12 more of them (3 held out);
-    # with batches 11-18, 118/136 and 188/208 now; the held-out figure of record stays each batch's frozen score
-    # (score.py --frozen-held-out: 112/136).
-    assert "held-out thirds of blind batches 4-18: 118/136 logs right" in out and "(6 of them seen before" in out
-    assert "never fitted, together: 188/208 logs right" in out
+    # with batches 11-19, 124/143 and 194/215 now; the held-out figure of record stays each batch's frozen score
+    # (score.py --frozen-held-out: 118/143).
+    assert "held-out thirds of blind batches 4-19: 124/143 logs right" in out and "(6 of them seen before" in out
+    assert "never fitted, together: 194/215 logs right" in out
 
 
 # --- round 4: lines as they reach users, configuration checks by where they raise --------------------------------
@@ -1760,3 +1769,33 @@ def test_a_value_error_from_the_api_servers_own_flag_checks_is_a_rejected_settin
     diagnosis = classify_failure(log("cpu-0.1x-bad-flag-chat-template-path-local-llm-server.log"), 1)
     assert (diagnosis.kind, diagnosis.phase) == ("bad_flag", "arguments")
     assert "validate_chat_template" in diagnosis.summary
+
+
+# --- round 19: written on blind batch 19's in-sample two thirds only ---------------------------------------------
+
+
+def test_the_kv_figure_of_a_tensor_parallel_log_is_the_smallest_ranks() -> None:
+    # MapCoder's V0 TP 2 log: the worker prints kv_cache_size=31.68GiB, the driver 30.55GiB, and the executor sizes the
+    # pool from the smaller ("# GPU blocks: 31284", 1 MiB each: 30.55 GiB); the first figure was read before.
+    memory = parse_startup_memory(log("gpu-0.6.4-started-tp2-44gib-llama31-8b-mapcoder.log"))
+    assert memory.kv_cache_gib == 30.55
+    assert memory.kv_cache_blocks == 31284
+    # a restart with other flags far below keeps the first startup's figure
+    two = "INFO Available KV cache memory: 20.0 GiB\n" + "INFO x\n" * 60 + "INFO Available KV cache memory: 5.0 GiB\n"
+    assert parse_startup_memory(two).kv_cache_gib == 20.0
+
+
+def test_a_hub_repository_that_does_not_exist_is_a_usage_error() -> None:
+    # guardkit's log: huggingface_hub's RepositoryNotFoundError (401), then transformers' "is not a local folder and
+    # is not a valid model identifier" OSError; it was read as a crash.
+    diagnosis = classify_failure(log("gpu-0.13-bad-flag-model-not-found-401-gb10-nvidia-container-guardkit.log"), 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("bad_flag", "usage")
+    alone = classify_failure("OSError: org/nope is not a local folder and is not a valid model identifier listed", 1)
+    assert (alone.kind, alone.phase) == ("bad_flag", "usage")
+
+
+def test_an_oom_in_the_kernel_warm_up_is_placed_with_the_graph_capture_it_precedes() -> None:
+    # GH200 TP 4: kernel_warmup -> flashinfer_autotune runs out of memory after the KV cache took its budget; only
+    # V1's outer _initialize_kv_caches frame had named a phase (the KV cache allocation, which had succeeded).
+    diagnosis = classify_failure(log("gpu-0.23-cuda-oom-kernel-warmup-tp4-gh200-glm52-jupiter-worklog.log"), 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("cuda_oom", "graph_capture")
