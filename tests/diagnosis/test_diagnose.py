@@ -1276,6 +1276,7 @@ BATCH_SIZES = {
     "issue23-blind17": (30, 6),
     "issue23-blind18": (7, 1),
     "issue23-blind19": (26, 7),
+    "issue23-blind20": (16, 6),
 }
 
 

@@ -50,8 +50,10 @@ Three scores are printed:
   frozen again (BLIND18_RULES_SHA256, commit 8719f98: round 17's rules), split and reported like blind 4;
 - blind 19: more logs (`"batch": "issue23-blind19"`) collected by a helper blind to the classifier with the same rules
   still frozen (BLIND19_RULES_SHA256, the file of BLIND18_RULES_SHA256; commit f06eed1 holds it too), split and
-  reported like blind 4.
-A further line adds up the held-out thirds of blind batches 4-19 (the target of issue 23: 95% on logs no rule saw).
+  reported like blind 4;
+- blind 20: more logs (`"batch": "issue23-blind20"`) collected by a helper blind to the classifier after the rules were
+  frozen again (BLIND20_RULES_SHA256, commit e2e9a8f: round 19's rules), split and reported like blind 4.
+A further line adds up the held-out thirds of blind batches 4-20 (the target of issue 23: 95% on logs no rule saw).
 `--frozen-held-out` scores each held-out third with its own batch's frozen rules (read from git: the figure of record)
 and splits the total by `error_shown`: `"error_shown": false` marks a failure excerpt that stops before the line
 stating its error (the error only in the issue's title or prose). Batch 10's were marked when it was collected, before
@@ -157,6 +159,10 @@ BLIND18_RULES_SHA256 = "194c90173442a5f18009a1367b6216ed891b7cf178d93e809e2fcb80
 # 18); split in thirds by the same hash rule as batch 4.
 BLIND19_BATCH = "issue23-blind19"
 BLIND19_RULES_SHA256 = BLIND18_RULES_SHA256
+# The twentieth blind batch: frozen again (commit e2e9a8f, round 19's rules) before any of its logs was collected;
+# split in thirds by the same hash rule as batch 4.
+BLIND20_BATCH = "issue23-blind20"
+BLIND20_RULES_SHA256 = "4905882f5a01a9b80d158233b45960a78ebffe372774c019be08743335022d71"
 # The batches split in thirds by the hash rule, with the ordinal their lines are printed with.
 SPLIT_BATCHES = {
     BLIND4_BATCH: "a fourth",
@@ -175,6 +181,7 @@ SPLIT_BATCHES = {
     BLIND17_BATCH: "a seventeenth",
     BLIND18_BATCH: "an eighteenth",
     BLIND19_BATCH: "a nineteenth",
+    BLIND20_BATCH: "a twentieth",
 }
 # Every blind batch, in the order collected, with the diagnose.py its rules were frozen at.
 FROZEN_RULES = {
@@ -197,6 +204,7 @@ FROZEN_RULES = {
     BLIND17_BATCH: BLIND17_RULES_SHA256,
     BLIND18_BATCH: BLIND18_RULES_SHA256,
     BLIND19_BATCH: BLIND19_RULES_SHA256,
+    BLIND20_BATCH: BLIND20_RULES_SHA256,
 }
 _OLD_PHASE_WORDS = (
     ("while profiling", "profiling"),
@@ -210,7 +218,7 @@ _OLD_PHASE_WORDS = (
 
 def is_held_out(name: str, entry: dict[str, Any]) -> bool:
     """The split rule, fixed before the issue-23 logs were scored: a third of that batch (and of blind batches 4, 5,
-    6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18 and 19), by a hash of the name."""
+    6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19 and 20), by a hash of the name."""
     return (entry.get("batch") == HELD_OUT_BATCH or entry.get("batch") in SPLIT_BATCHES) and int(
         hashlib.sha256(name.encode()).hexdigest(), 16
     ) % 3 == 0
@@ -244,6 +252,7 @@ FROZEN_COMMITS = {
     BLIND17_BATCH: "2d46a01d",
     BLIND18_BATCH: "8719f989",
     BLIND19_BATCH: "8719f989",
+    BLIND20_BATCH: "e2e9a8f1",
 }
 
 
