@@ -457,15 +457,18 @@ def parse_startup_memory(log_text: str) -> StartupMemory:
     lines = _lines(log_text)
     values: dict[str, Any] = {}
 
-    def grab(pattern: re.Pattern[str], *fields: tuple[str, Callable[[str], Any]]) -> bool:
-        match = _first(lines, pattern)
+    def grab(pattern: re.Pattern[str], *fields: tuple[str, Callable[[str], Any]], wrapped: bool = False) -> bool:
+        match = _first(lines, pattern, wrapped)
         if match:
             _fill(values, match, fields)
         return match is not None
 
     grab(_ENGINE_VERSION, ("vllm_version", str)) or grab(_BANNER_VERSION, ("vllm_version", str))
     for wordings in _LINE_FIGURES:
-        any(grab(pattern, *fields) for pattern, fields in wordings)  # the first wording the log has
+        # the first wording the log has, as written or wrapped by a terminal ("Model loading " / "took 7.12 GiB")
+        any(grab(pattern, *fields) for pattern, fields in wordings) or any(
+            grab(pattern, *fields, wrapped=True) for pattern, fields in wordings
+        )
     grab(_CPU_REQUESTED, ("requested_gib", float))
     grab(_CPU_NON_KV, ("non_kv_gib", float))
     grab(_V0_BLOCKS, ("kv_cache_blocks", _int)) or grab(_CONFIG_BLOCKS, ("kv_cache_blocks", _int))
@@ -1817,10 +1820,19 @@ def _raised_in(text: str) -> re.Match[str] | None:
     return next(filter(None, (_RAISED.match(span.strip()) for span in _INLINE_CODE.findall(text))), None)
 
 
+# A check that tells the user which flag to pass or turn off: "RuntimeError: NUMA binding was requested, but vLLM could
+# not detect the GPU-to-NUMA topology automatically. Pass --numa-bind-nodes explicitly or disable --numa-bind."
+# (numa_utils.py). A RuntimeError only counts with such an instruction: other runtime errors merely mention flags.
+_FLAG_INSTRUCTION = re.compile(r"\b(?:[Pp]ass|[Ss]et|[Dd]isable|[Ee]nable|[Rr]emove|[Uu]nset) (?:the )?`?--[a-z][\w-]*")
+
+
 def _flag_named(lines: Sequence[_Line]) -> Diagnosis | None:
     for line in lines:
         raised = _raised_in(line.text) if line.may_be_error else None
-        if raised is None or raised.group("type") != "ValueError":
+        if raised is None:
+            continue
+        instructed = raised.group("type") == "RuntimeError" and _FLAG_INSTRUCTION.search(raised.group("message"))
+        if raised.group("type") != "ValueError" and not instructed:
             continue
         flags = _names_of_settings(raised.group("message"))
         if flags:

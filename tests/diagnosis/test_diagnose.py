@@ -1427,11 +1427,20 @@ def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.Captu
         in out
     )
     assert "blind batch 19, held-out third: 6/7 logs right" in out
+    # Blind batch 20, frozen at BLIND20_RULES_SHA256 (commit e2e9a8f1, round 19's rules): the in-sample two thirds 4/10
+    # as collected, 7/10 once the collector's figures were numbers, 9/10 with round 20's rules (figure lines wrapped
+    # by a terminal; a RuntimeError telling the user which flag to pass or disable); the held-out third 5/6 with the
+    # frozen rules.
+    assert (
+        "blind batch 20, in-sample two thirds (collected after the rules froze a twentieth time): 9/10 logs right"
+        in out
+    )
+    assert "blind batch 20, held-out third: 5/6 logs right" in out
     # Round 11's cut-excerpt rule, written after all of batches 4-10 were seen, passes 12 more of them (3 held out);
-    # with batches 11-19, 124/143 and 194/215 now; the held-out figure of record stays each batch's frozen score
-    # (score.py --frozen-held-out: 118/143).
-    assert "held-out thirds of blind batches 4-19: 124/143 logs right" in out and "(6 of them seen before" in out
-    assert "never fitted, together: 194/215 logs right" in out
+    # with batches 11-20, 129/149 and 199/221 now; the held-out figure of record stays each batch's frozen score
+    # (score.py --frozen-held-out: 123/149).
+    assert "held-out thirds of blind batches 4-20: 129/149 logs right" in out and "(6 of them seen before" in out
+    assert "never fitted, together: 199/221 logs right" in out
 
 
 # --- round 4: lines as they reach users, configuration checks by where they raise --------------------------------
@@ -1800,3 +1809,28 @@ def test_an_oom_in_the_kernel_warm_up_is_placed_with_the_graph_capture_it_preced
     # V1's outer _initialize_kv_caches frame had named a phase (the KV cache allocation, which had succeeded).
     diagnosis = classify_failure(log("gpu-0.23-cuda-oom-kernel-warmup-tp4-gh200-glm52-jupiter-worklog.log"), 1)
     assert (diagnosis.kind, diagnosis.phase) == ("cuda_oom", "graph_capture")
+
+
+# --- round 20: figure lines wrapped by a terminal; a check that names the flag to pass or disable -------------------
+
+
+def test_figure_lines_wrapped_at_the_terminal_width_are_read() -> None:
+    # dennislee22/vLLM-benchmarking (blind batch 20): a Ray worker's records wrapped at 130 columns.
+    memory = parse_startup_memory(log("gpu-0.10-started-ray-multinode-tp2-a100-40g-qwen2-7b-vllm-benchmarking.log"))
+    assert (memory.weights_gib, memory.graph_capture_gib, memory.kv_cache_gib) == (7.1217, 1.0, 11.03)
+    wrapped = "INFO [gpu_model_runner.py:2007] Model loading \ntook 7.1217 GiB and 198.6 seconds\n"
+    assert parse_startup_memory(wrapped).weights_gib == 7.1217
+
+
+def test_a_runtime_error_that_says_which_flag_to_pass_is_a_rejected_setting_and_one_that_mentions_a_flag_is_not() -> (
+    None
+):
+    numa = (
+        "RuntimeError: NUMA binding was requested, but vLLM could not detect the GPU-to-NUMA topology automatically. "
+        "Pass --numa-bind-nodes explicitly or disable --numa-bind.\n"
+    )
+    diagnosis = classify_failure(numa, 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("bad_flag", "arguments")
+    assert "--numa-bind-nodes" in diagnosis.summary
+    mention = "RuntimeError: CUDA error: an illegal memory access was encountered (run with --enforce-eager to debug)\n"
+    assert classify_failure(mention, 1).kind == "crash"
