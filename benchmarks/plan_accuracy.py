@@ -85,6 +85,10 @@ FIFTEENTH_COLLECTION = "issue24-fifteenth-2026-12-05"
 # (gpu_plan_accuracy_sixteenth_frozen.json). After that run Gemma 4's dense MLP beside its experts was found (vLLM's
 # gemma4.py, transformers' own model) while reading its fit-split rows; its held-out rows stay out of sample.
 SIXTEENTH_COLLECTION = "issue24-sixteenth-2026-12-05"
+# The seventeenth (2026-12-05: Gemma 4 26B-A4B on an H200, Qwen3-0.6B on a GB10), split by the hash rule before its
+# one run with the plan frozen at commit e2e9a8f (gpu_plan_accuracy_seventeenth_frozen.json); the activation-peak and
+# Model Runner V2 rules (profile_peak.py, model_runner.py) were written before it was read, so it stays out of sample.
+SEVENTEENTH_COLLECTION = "issue24-seventeenth-2026-12-05"
 # The fit-split rows of each collection rules were written on after its one run, with the in-sample set they join
 # (the second's hybrid (Gated DeltaNet) KV rules read only its HYBRID_MODELS rows); held-out rows stay out of sample.
 RULES_WRITTEN_ON = {
@@ -482,7 +486,9 @@ def run_gpu(out: Path | None, show_holdout: bool = True) -> int:
     if show_holdout:  # the held-out rows again, before the re-read that corrected some rows' served checkpoint
         first = [r for r in gpu_rows(data, as_first_recorded=True) if r["split"] == "holdout"]
         for row in first:
-            row["set"] = "held-out, models as first recorded (before the 2026-12-03 re-read of 4 rows)"
+            row["set"] = (
+                "held-out, models as first recorded (before the re-reads of 2026-12-03, 4 rows, and 2026-12-05, 3 rows)"
+            )
         shown = [*shown, *first]
     _print_table("by set", _table(shown, "set"), "set")
     held = [r for r in rows if r["out_of_sample"]]
@@ -510,6 +516,7 @@ def run_gpu(out: Path | None, show_holdout: bool = True) -> int:
             FOURTEENTH_COLLECTION,
             FIFTEENTH_COLLECTION,
             SIXTEENTH_COLLECTION,
+            SEVENTEENTH_COLLECTION,
         ):
             _print_collection_splits(rows, collection)
     fit = [r for r in rows if not r["out_of_sample"]]

@@ -464,11 +464,8 @@ def parse_startup_memory(log_text: str) -> StartupMemory:
         return match is not None
 
     grab(_ENGINE_VERSION, ("vllm_version", str)) or grab(_BANNER_VERSION, ("vllm_version", str))
-    for wordings in _LINE_FIGURES:
-        # the first wording the log has, as written or wrapped by a terminal ("Model loading " / "took 7.12 GiB")
-        any(grab(pattern, *fields) for pattern, fields in wordings) or any(
-            grab(pattern, *fields, wrapped=True) for pattern, fields in wordings
-        )
+    for wordings in _LINE_FIGURES:  # the first wording the log has, as written or as a terminal wrapped it
+        any(grab(p, *f) for p, f in wordings) or any(grab(p, *f, wrapped=True) for p, f in wordings)
     grab(_CPU_REQUESTED, ("requested_gib", float))
     grab(_CPU_NON_KV, ("non_kv_gib", float))
     grab(_V0_BLOCKS, ("kv_cache_blocks", _int)) or grab(_CONFIG_BLOCKS, ("kv_cache_blocks", _int))

@@ -46,7 +46,9 @@ from pytest_vllm_mem.plan.layers import (
     state_shape,
 )
 from pytest_vllm_mem.plan.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, lora_bytes
+from pytest_vllm_mem.plan.model_runner import architectures, graphs_in_budget_on_v2, uses_v2_runner
 from pytest_vllm_mem.plan.modelinfo import ModelInfo, ModelInfoError, ceil_div, dtype_bytes, with_hf_overrides
+from pytest_vllm_mem.plan.profile_peak import moe_workspace_bytes, sampler_pass_bytes
 from pytest_vllm_mem.plan.speculative import Speculative, check_drafter, is_mtp, mtp_layers, speculative
 from pytest_vllm_mem.plan.weights import architecture_weight_bytes
 from pytest_vllm_mem.units import GIB, format_bytes, parse_size
@@ -401,6 +403,8 @@ def gpu_activation(
     vllm_version: str | None = None,
     env: Mapping[str, str] | None = None,
     card_name: str = "",
+    ep: bool = False,
+    v2_runner: bool = False,
 ) -> Estimate:
     """The profile run's torch peak beyond the weights: one batch of max_num_batched_tokens through a layer (the
     MLP's gate/up output dominates) plus the sampler's float32 logits for max_num_seqs requests, or, where vLLM
@@ -413,9 +417,46 @@ def gpu_activation(
     per_token = (
         2 * inter + 4 * info.hidden_size + (info.num_attention_heads + 2 * info.num_kv_heads) * info.head_dim
     ) * dtype
+    forward = int(batched_tokens * per_token)
+    if patch_release(vllm_version) is None or release(vllm_version) >= PROFILE_PEAK_TERMS_SINCE:
+        return _profile_peak(
+            info, forward, tp=tp, dtype=dtype, batched=batched_tokens, seqs=max_num_seqs, ep=ep, v2_runner=v2_runner
+        )
     logits = max_num_seqs * info.vocab_size * 4 * 2
-    base = _scaled(int(batched_tokens * per_token + logits), 0.5, 2.5, floor=GIB // 4)
+    base = _scaled(forward + logits, 0.5, 2.5, floor=GIB // 4)
     return _with_sampler_sort(base, info, vllm_version, env or {}, max_num_seqs, batched_tokens, card_name)
+
+
+# From 0.17 (the Triton top-k/top-p path: no sort in the profile's sampler pass) the peak is built from vLLM's own
+# terms (profile_peak.py); earlier releases keep the forward-plus-logits rule and the sort above.
+PROFILE_PEAK_TERMS_SINCE = (0, 17)
+
+
+def _profile_peak(
+    info: ModelInfo, forward: int, *, tp: int, dtype: float, batched: int, seqs: int, ep: bool, v2_runner: bool
+) -> Estimate:
+    """max(forward pass, sampler pass) + the fused-MoE workspace (profile_peak.py)."""
+    sampler = sampler_pass_bytes(
+        rows=min(seqs, batched),
+        vocab_size=info.vocab_size,
+        batched_tokens=batched,
+        hidden_size=info.hidden_size,
+        v2_runner=v2_runner,
+    )
+    workspace = 0
+    if info.experts_per_token and info.quant_method not in ("mxfp4", "gpt_oss_mxfp4"):
+        # the experts' own buffers are the workspace; the forward pass keeps attention, norms and a shared MLP
+        qkv = (info.num_attention_heads + 2 * info.num_kv_heads) * info.head_dim
+        forward = int(batched * (2 * info.shared_expert_intermediate_size + 4 * info.hidden_size + qkv) * dtype)
+        intermediate = info.moe_intermediate_size or info.intermediate_size
+        workspace = moe_workspace_bytes(
+            batched_tokens=batched,
+            top_k=info.experts_per_token,
+            intermediate=intermediate if ep else ceil_div(intermediate, tp),
+            hidden_size=info.hidden_size,
+            dtype_bytes=dtype,
+        )
+    return _scaled(max(forward, sampler) + workspace, 0.7, 1.5, floor=GIB // 4)
 
 
 def _with_sampler_sort(
@@ -636,6 +677,8 @@ class _Setup:
     lora_bytes: int = 0  # --enable-lora's slot buffers on one GPU, all layers (lora.py)
     full_graphs: bool = True  # FULL CUDA graphs captured (cudagraphs.py)
     auto_fit_limit: int = 0  # --max-model-len auto: the model's own limit, which vLLM profiles with (auto_fit.py)
+    expert_parallel: bool = False  # --enable-expert-parallel: each rank holds whole experts (profile_peak.py)
+    v2_runner: bool = False  # vLLM's Model Runner V2 runs the config (model_runner.py)
 
 
 @dataclass(frozen=True)
@@ -763,6 +806,15 @@ def _setup(
     device = card.device_bytes or card.total_bytes
     limits = batch_defaults(device, card.name, backend=card.backend, vllm_version=version, max_model_len=max_model_len)
     explicit_kv, notes = _explicit_kv(flags, env, cpu)
+    v2 = not cpu and uses_v2_runner(
+        version=version,
+        env=env,
+        architectures=architectures(info.raw),
+        has_experts=bool(info.num_experts),
+        has_state_layers=info.state is not None,
+        speculative_method=("mtp" if is_mtp(spec.method) else spec.method) if spec else None,
+        flags=flags,
+    )
     return _Setup(
         cpu=cpu,
         tp=tp,
@@ -777,7 +829,7 @@ def _setup(
         in_flight=batched * concurrent_batches(flags, pp=pp, spec=spec, version=version),
         eager=bool(_flag(flags, "enforce_eager", False)),
         requested=math.ceil(card.total_bytes * utilization),
-        graph_in_budget=release(version) >= GRAPH_IN_BUDGET_SINCE,
+        graph_in_budget=release(version) >= GRAPH_IN_BUDGET_SINCE and (not v2 or graphs_in_budget_on_v2(version)),
         explicit_kv=explicit_kv,
         hybrid_manager=not _flag(flags, "disable_hybrid_kv_cache_manager", False)
         and not _chunked_attention_off_hybrid(info, version, env),
@@ -787,6 +839,8 @@ def _setup(
         env=dict(env),
         spec=spec,
         full_graphs=full_cudagraphs(flags),
+        expert_parallel=switch_on(flags, "enable_expert_parallel"),
+        v2_runner=v2,
         lora_bytes=lora_bytes(
             info,
             slots=_int_flag(flags, "max_loras", DEFAULT_MAX_LORAS),
@@ -858,6 +912,8 @@ def _gpu_budget(
         vllm_version=s.version,
         env=s.env,
         card_name=card.name,
+        ep=s.expert_parallel,
+        v2_runner=s.v2_runner,
     )
     non_torch = gpu_non_torch(s.tp * s.pp, card.nvlink, card.name)
     by_count = s.graph_in_budget and not (info.state is not None and release(s.version) >= GDN_TRANSIENT_SINCE)

@@ -50,9 +50,13 @@ def test_the_native_sort_sets_the_activation_peak_of_a_small_model_as_vllm_0_11_
     sorted_run = gpu_activation(qwen, vllm_version="0.11.2", **args)
     assert sorted_run.value == 1024 * 151936 * NATIVE_SORT_BYTES_PER_LOGIT
     assert sorted_run.value / GIB == pytest.approx(5.56, rel=0.02)
-    forward = gpu_activation(qwen, vllm_version="0.17.0", **args)
-    assert forward.value < sorted_run.value / 3
-    assert gpu_activation(qwen, vllm_version="0.16.0", env=FLASHINFER, **args) == forward
+    # 0.17 samples without the sort (Triton top-k/top-p): 14 bytes per logit and the hidden states (profile_peak.py);
+    # Qwen3-14B logged 2.23 GiB there (planner sweep, v0.17.0), 5.64 with the sort on v0.16.0.
+    no_sort = gpu_activation(qwen, vllm_version="0.17.0", **args)
+    assert no_sort.value == 1024 * 151936 * 14 + 8192 * 1024 * 4
+    assert no_sort.value < sorted_run.value / 2
+    flashinfer = gpu_activation(qwen, vllm_version="0.16.0", env=FLASHINFER, **args)
+    assert flashinfer.value < sorted_run.value / 3
 
 
 def test_a_flashinfer_sampled_startup_on_vllm_0_10_is_planned_without_the_sort() -> None:

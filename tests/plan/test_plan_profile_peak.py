@@ -1,0 +1,88 @@
+"""The profile run's activation peak from vLLM 0.17 (plan/profile_peak.py) and the model runner a config starts on
+(plan/model_runner.py), against the figures public startups logged (benchmarks/data/gpu_startups.json)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from gpu_startups import model
+
+from pytest_vllm_mem.plan.memory_plan import GIB, Card, gpu_activation, plan
+from pytest_vllm_mem.plan.model_runner import uses_v2_runner
+from pytest_vllm_mem.plan.profile_peak import moe_workspace_bytes, sampler_pass_bytes
+
+H100_BATCH: dict[str, Any] = {"dtype": 2, "batched_tokens": 8192, "max_num_seqs": 1024, "vllm_version": "0.19.0"}
+
+
+@pytest.mark.parametrize(
+    ("name", "tp", "logged"),
+    [
+        # llm-d-planner v0.19.0 logs on H100 80GB: 'Actual usage is ... A GiB for peak activation'
+        ("meta-llama/Llama-3.1-8B-Instruct", 1, 1.89),
+        ("Qwen/Qwen2.5-72B-Instruct", 2, 2.29),  # the forward-plus-logits rule said 2.72 (KV -11%)
+        ("google/gemma-2-9b-it", 1, 3.65),  # a 256k vocabulary: the old rule said 2.73
+        ("mistralai/Mixtral-8x7B-Instruct-v0.1", 2, 1.21),  # the experts' workspace at I / TP
+        ("Qwen/Qwen3-30B-A3B", 1, 2.68),  # 128 experts, top 8: the old rule said 1.55 (KV +7%)
+    ],
+)
+def test_the_peak_is_the_sampler_pass_or_the_forward_pass_plus_the_moe_workspace(
+    name: str, tp: int, logged: float
+) -> None:
+    peak = gpu_activation(model(name), tp=tp, **H100_BATCH)
+    assert peak.value / GIB == pytest.approx(logged, rel=0.1)
+
+
+def test_the_sampler_pass_counts_v1s_float32_copies_and_v2s_logits_alone() -> None:
+    v1 = sampler_pass_bytes(rows=1024, vocab_size=128256, batched_tokens=8192, hidden_size=4096)
+    assert v1 == 1024 * 128256 * 14 + 8192 * 4096 * 4
+    v2 = sampler_pass_bytes(rows=1024, vocab_size=128256, batched_tokens=8192, hidden_size=4096, v2_runner=True)
+    assert v2 == 1024 * 128256 * 2 + 8192 * 4096 * 4
+
+
+def test_the_moe_workspace_is_the_larger_gemm_buffer_plus_the_activation_buffer() -> None:
+    # fused_moe.py: cache13 = M x top_k x max(N, K) with N = 2 I, intermediate_cache2 = M x top_k x I
+    assert moe_workspace_bytes(batched_tokens=8192, top_k=8, intermediate=768, hidden_size=2048, dtype_bytes=2) == (
+        8192 * 8 * (2048 + 768) * 2
+    )
+    assert moe_workspace_bytes(batched_tokens=8192, top_k=2, intermediate=7168, hidden_size=4096, dtype_bytes=2) == (
+        8192 * 2 * (14336 + 7168) * 2
+    )
+
+
+def test_a_dense_model_on_vllm_0_26_to_0_28_runs_model_runner_v2_and_others_v1() -> None:
+    dense: dict[str, Any] = {"architectures": ["LlamaForCausalLM"], "has_experts": False, "has_state_layers": False}
+    moe: dict[str, Any] = {"architectures": ["Qwen3MoeForCausalLM"], "has_experts": True, "has_state_layers": False}
+    hybrid: dict[str, Any] = {"architectures": ["Qwen3_5ForCausalLM"], "has_experts": False, "has_state_layers": True}
+
+    def v2(version: str | None, kind: dict[str, Any], **more: Any) -> bool:
+        return uses_v2_runner(version=version, env=more.pop("env", {}), speculative_method=None, **kind, **more)
+
+    assert not v2("0.25.1", dense)
+    assert v2("0.26.0", dense) and v2("0.28.0", dense) and v2(None, dense)
+    assert not v2("0.27.1", moe) and not v2("0.27.1", hybrid)
+    assert v2("0.27.1", {**moe, "architectures": ["Qwen2MoeForCausalLM"]})  # DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES
+    assert v2("0.29.0", moe) and v2("0.29.0", hybrid)  # the default for every model from 0.29
+    assert not v2("0.27.1", dense, env={"VLLM_USE_V2_MODEL_RUNNER": "0"})
+    assert v2("0.25.1", dense, env={"VLLM_USE_V2_MODEL_RUNNER": "1"})
+    assert not v2("0.27.1", dense, flags={"enable_prompt_embeds": True})
+    assert not uses_v2_runner(version="0.27.1", env={}, speculative_method="ngram", **dense)
+    assert uses_v2_runner(version="0.27.1", env={}, speculative_method="eagle3", **dense)
+
+
+def test_model_runner_v2_on_0_27_leaves_the_graphs_out_of_the_kv_budget_as_the_startup_logged() -> None:
+    # Korean lab notes (search-index file id 61918553602), vLLM 0.27.1, RTX 4090 under WSL2, Qwen2.5-0.5B-Instruct at
+    # utilization 0.85 and max_model_len 2048: 'Desired GPU memory utilization is (0.85, 20.39 GiB). Actual usage is
+    # 1.25 GiB for consumed memory (weights + non-torch), 0.08 GiB for peak activation, and 0.28 GiB for CUDAGraph
+    # memory', 'Available KV cache memory: 19.06 GiB' = 20.39 - 1.25 - 0.08: the graphs are not taken out.
+    card = Card("cuda", "NVIDIA GeForce RTX 4090", int(23.99 * GIB), nvlink=False)
+    flags = {"gpu_memory_utilization": 0.85, "max_model_len": 2048}
+    qwen = model("Qwen/Qwen2.5-0.5B-Instruct")
+    on_v2 = plan(qwen, flags, card, vllm_version="0.27.1")
+    assert not on_v2.graph_in_budget
+    assert on_v2.activation.value / GIB == pytest.approx(0.08, abs=0.05)  # the bf16 logits of 256 rows
+    assert on_v2.kv_bytes.value / GIB == pytest.approx(19.06, rel=0.03)
+    on_v1 = plan(qwen, flags, card, vllm_version="0.27.1", env={"VLLM_USE_V2_MODEL_RUNNER": "0"})
+    assert on_v1.graph_in_budget
+    assert on_v1.kv_bytes.value < on_v2.kv_bytes.value - on_v1.graph.value + 1
+    assert plan(qwen, flags, card, vllm_version="0.29.0").graph_in_budget  # V2's own graph profiling from 0.29
