@@ -30,7 +30,12 @@ from pytest_vllm_mem.plan.layers import (
     pattern_layer_count,
     state_dims,
 )
-from pytest_vllm_mem.plan.towers import gemma4_audio_params, gemma4_vision_params
+from pytest_vllm_mem.plan.towers import (
+    QWEN3_VL_TYPES,
+    gemma4_audio_params,
+    gemma4_vision_params,
+    qwen3_vl_vision_params,
+)
 
 # Bytes per element of the safetensors dtypes and of the torch dtype names in config.json / --dtype.
 SAFETENSORS_DTYPE_BYTES = {
@@ -441,6 +446,16 @@ def _vision_params(config: dict[str, Any], text_hidden: int) -> int:
     return layers * (4 * h * h + 2 * h * inter) + channels * patch * patch * h + h * text_hidden + text_hidden**2
 
 
+def _tower_params(config: dict[str, Any], text_hidden: int, *, gemma4: bool) -> int:
+    """A multimodal model's vision tower: counted as its family builds it where the plan knows the family (towers.py),
+    else by the generic estimate above."""
+    if gemma4:
+        return gemma4_vision_params(config, text_hidden)
+    if config.get("model_type") in QWEN3_VL_TYPES:
+        return qwen3_vl_vision_params(config) or _vision_params(config, text_hidden)
+    return _vision_params(config, text_hidden)
+
+
 def _tied_embeddings(config: dict[str, Any], text: dict[str, Any]) -> bool:
     """Whether the LM head is the input embedding (vLLM reads config.tie_word_embeddings): as config.json says, else
     the transformers class default of its text model type (Gemma 3's is true: gemma-3-1b-it's config names none),
@@ -546,7 +561,7 @@ def model_info_from_config(
         derived_max_len=limit,
         derived_max_len_key=limit_key,
         derived_max_len_before_0_30=derived_max_len(text, before_0_30=True)[0],
-        vision_params=gemma4_vision_params(config, hidden) if gemma4 else _vision_params(config, hidden),
+        vision_params=_tower_params(config, hidden, gemma4=gemma4),
         audio_params=gemma4_audio_params(config, hidden) if gemma4 else 0,
         state=state_dims(text, kinds),
         attn_output_gate=bool(text.get("attn_output_gate", model_type.startswith(("qwen3_next", "qwen3_5")))),

@@ -1,4 +1,4 @@
-"""Gemma 4's vision and audio towers, counted from their config as transformers builds them.
+"""Gemma 4's vision and audio towers and Qwen3-VL's vision tower, counted from their config as transformers builds them.
 
 vLLM's gemma4_mm.py builds both towers with transformers' `AutoModel.from_config` (the audio one only where the
 config has an `audio_config`) plus one projector each into the language model (`embed_vision`, `embed_audio`: one
@@ -65,4 +65,28 @@ def gemma4_audio_params(config: dict[str, Any], text_hidden: int) -> int:
     return a["num_hidden_layers"] * 24 * h * h + h * out + out * text_hidden
 
 
-__all__ = ["gemma4_audio_params", "gemma4_vision_params"]
+# Qwen3-VL's vision tower (transformers' Qwen3VLVisionModel, vLLM's qwen3_vl.py): a Conv3d patch embedding over
+# temporal_patch_size frames, learned position embeddings, `depth` blocks (two LayerNorms, a biased QKV and output
+# projection, a biased two-layer MLP), and patch mergers that fold spatial_merge_size^2 patches into the language
+# model's hidden size: the final one plus one per `deepstack_visual_indexes` entry (each with a LayerNorm over the
+# merged width). Equal to transformers 5.19's meta-device count on Qwen3-VL-30B-A3B-Instruct's config: 538,631,408.
+QWEN3_VL_TYPES = ("qwen3_vl", "qwen3_vl_moe")
+
+
+def qwen3_vl_vision_params(config: dict[str, Any]) -> int:
+    """Qwen3-VL's vision tower and its mergers, 0 without a vision_config that gives their sizes."""
+    v = config.get("vision_config")
+    needed = ("hidden_size", "intermediate_size", "depth", "patch_size", "out_hidden_size")
+    if not isinstance(v, dict) or not all(isinstance(v.get(key), int) for key in needed):
+        return 0
+    h, inter, out, depth = (int(v[key]) for key in ("hidden_size", "intermediate_size", "out_hidden_size", "depth"))
+    patch = int(v.get("in_channels", 3)) * int(v.get("temporal_patch_size", 2)) * int(v["patch_size"]) ** 2 * h + h
+    block = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * inter + inter) + (inter * h + h)
+    merged = h * int(v.get("spatial_merge_size", 2)) ** 2
+    merger = (merged * merged + merged) + (merged * out + out)
+    deepstack = len(v.get("deepstack_visual_indexes") or ())
+    once = patch + int(v.get("num_position_embeddings", 0)) * h
+    return once + depth * block + (2 * h + merger) + deepstack * (2 * merged + merger)
+
+
+__all__ = ["QWEN3_VL_TYPES", "gemma4_audio_params", "gemma4_vision_params", "qwen3_vl_vision_params"]

@@ -86,3 +86,10 @@ def test_model_runner_v2_on_0_27_leaves_the_graphs_out_of_the_kv_budget_as_the_s
     assert on_v1.graph_in_budget
     assert on_v1.kv_bytes.value < on_v2.kv_bytes.value - on_v1.graph.value + 1
     assert plan(qwen, flags, card, vllm_version="0.29.0").graph_in_budget  # V2's own graph profiling from 0.29
+
+
+def test_qwen3_vl_s_vision_tower_is_counted_with_its_deepstack_mergers() -> None:
+    # transformers 5.19's Qwen3VLVisionModel on the meta device, Qwen3-VL-30B-A3B-Instruct's config: 538,631,408
+    # parameters (patch embedding 1,770,624, positions 2,654,208, 27 blocks 411,466,608, merger 30,679,808, three
+    # deepstack mergers 92,060,160). The generic estimate had 418.5M: 0.22 GiB of bf16 weights short.
+    assert model("Qwen/Qwen3-VL-30B-A3B-Instruct").vision_params == 538_631_408
