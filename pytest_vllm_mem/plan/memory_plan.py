@@ -410,15 +410,15 @@ def gpu_activation(
     MLP's gate/up output dominates) plus the sampler's float32 logits for max_num_seqs requests, or, where vLLM
     0.10-0.16 sorts the logits in the dummy sampler pass, that sort's peak (profile_sampler_path). Public logs show
     it does not shrink with TP (1.89 GiB for Llama-3.1-8B at TP 1, 2 and 4), so it is not divided by `tp`."""
-    mxfp4 = info.quant_method in ("mxfp4", "gpt_oss_mxfp4")
-    if mxfp4 and release(vllm_version) < MXFP4_WORKSPACE_BEFORE and not pre_hopper(card_name):
+    if info.mxfp4 and release(vllm_version) < MXFP4_WORKSPACE_BEFORE and not pre_hopper(card_name):
         return _scaled(MXFP4_MOE_WORKSPACE, 0.85, 1.2)
+    # per token beside the MLP: the residual stream and norms (4 h) and the QKV projection's output
+    beside_mlp = 4 * info.hidden_size + (info.num_attention_heads + 2 * info.num_kv_heads) * info.head_dim
     inter = (info.moe_intermediate_size or info.intermediate_size) * max(1, info.experts_per_token)
-    per_token = (
-        2 * inter + 4 * info.hidden_size + (info.num_attention_heads + 2 * info.num_kv_heads) * info.head_dim
-    ) * dtype
-    forward = int(batched_tokens * per_token)
-    if patch_release(vllm_version) is None or release(vllm_version) >= PROFILE_PEAK_TERMS_SINCE:
+    forward = int(batched_tokens * (2 * inter + beside_mlp) * dtype)
+    if release(vllm_version) >= PROFILE_PEAK_TERMS_SINCE:  # an unknown release counts as a current one
+        if info.experts_per_token and not info.mxfp4:  # the experts' gate/up output sits in the MoE workspace
+            forward = int(batched_tokens * (2 * info.shared_expert_intermediate_size + beside_mlp) * dtype)
         return _profile_peak(
             info, forward, tp=tp, dtype=dtype, batched=batched_tokens, seqs=max_num_seqs, ep=ep, v2_runner=v2_runner
         )
@@ -444,10 +444,7 @@ def _profile_peak(
         v2_runner=v2_runner,
     )
     workspace = 0
-    if info.experts_per_token and info.quant_method not in ("mxfp4", "gpt_oss_mxfp4"):
-        # the experts' own buffers are the workspace; the forward pass keeps attention, norms and a shared MLP
-        qkv = (info.num_attention_heads + 2 * info.num_kv_heads) * info.head_dim
-        forward = int(batched * (2 * info.shared_expert_intermediate_size + 4 * info.hidden_size + qkv) * dtype)
+    if info.experts_per_token and not info.mxfp4:
         intermediate = info.moe_intermediate_size or info.intermediate_size
         workspace = moe_workspace_bytes(
             batched_tokens=batched,

@@ -159,6 +159,11 @@ class ModelInfo:
         return sum(1 for kind in self.cache_kinds if kind in (FULL, SLIDING, CHUNKED))
 
     @property
+    def mxfp4(self) -> bool:
+        """gpt-oss's mxfp4 checkpoints, under either name vLLM gives the method."""
+        return self.quant_method in MXFP4_METHODS
+
+    @property
     def cache_kinds(self) -> tuple[str, ...]:
         """`kinds` with the KV-shared layers (the last kv_shared_layers, which read an earlier layer's cache and
         allocate none: vLLM's kv_sharing_target_layer_name) marked KV_SHARED."""
@@ -296,6 +301,7 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
+MXFP4_METHODS = ("mxfp4", "gpt_oss_mxfp4")  # the names vLLM gives gpt-oss's mxfp4 quantization
 _QUANT_BITS = {"mxfp4": 4, "gpt_oss_mxfp4": 4, "modelopt_fp4": 4, "nvfp4": 4, "awq": 4}
 
 
@@ -385,7 +391,7 @@ def _quantization(config: dict[str, Any]) -> _Quantization:
                     group_size, scale_bytes = _compressed_tensors_scales(weights, bits)
                 break
     bits = bits if bits is not None else _QUANT_BITS.get(method)
-    if method in ("mxfp4", "gpt_oss_mxfp4"):
+    if method in MXFP4_METHODS:
         group_size = 32  # one e8m0 scale per 32 weights (OCP microscaling)
     skipped = _skipped_modules(quant)
     experts_only = "self_attn" in " ".join(str(m) for m in quant.get("modules_to_not_convert") or [])

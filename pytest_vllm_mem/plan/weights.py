@@ -130,7 +130,7 @@ def _padded_expert_area(info: ModelInfo, hidden: int, inter: int) -> int:
     """hidden x intermediate of one expert matrix as loaded. vLLM's mxfp4 MoE pads both for its kernels; on GPUs
     without native FP4 (Marlin backend, vllm 0.32 fused_moe/oracle/mxfp4.py) intermediate to 128, hidden to 256:
     gpt-oss's 2880 x 2880 becomes 3072 x 2944."""
-    if info.quant_method not in ("mxfp4", "gpt_oss_mxfp4"):
+    if not info.mxfp4:
         return hidden * inter
     return (-(-hidden // 256) * 256) * (-(-inter // 128) * 128)
 
@@ -203,7 +203,7 @@ def parameters(info: ModelInfo) -> Parameters:
 
 def _bytes_per_quantized_weight(info: ModelInfo) -> float:
     bits = info.quant_bits or 16
-    if info.quant_method in ("mxfp4", "gpt_oss_mxfp4"):
+    if info.mxfp4:
         return bits / 8 + 1 / 32
     if info.quant_scale_bytes is not None:  # vLLM's own layout for the method (modelinfo._quantization)
         group = info.quant_group_size
