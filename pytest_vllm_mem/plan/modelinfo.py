@@ -394,7 +394,9 @@ def _quantization(config: dict[str, Any]) -> _Quantization:
     if method in MXFP4_METHODS:
         group_size = 32  # one e8m0 scale per 32 weights (OCP microscaling)
     skipped = _skipped_modules(quant)
-    experts_only = "self_attn" in " ".join(str(m) for m in quant.get("modules_to_not_convert") or [])
+    # Attention named in any skip list (gpt-oss's modules_to_not_convert, NVIDIA's NVFP4 exports' ignore): only the
+    # experts are quantized.
+    experts_only = any("self_attn" in name for name in skipped)
     return _Quantization(method, bits, group_size, experts_only, scale_bytes, skipped)
 
 
