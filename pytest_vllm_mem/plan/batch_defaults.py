@@ -8,6 +8,10 @@ engine/arg_utils.py) for the `vllm serve` usage context, with the releases each 
 * >= 70 GiB and not an A100 (H100, H200, GH200, MI300X before 0.28): 8192 tokens, 1024 sequences (by memory since
   PR #17073, 0.8.5; the A100 exclusion since PR #17885, 0.9);
 * anything else (A100, L40S, L4, A10G, RTX cards): 2048 tokens, 256 sequences;
+* DGX Spark's GB10 (119.6 GiB of unified memory): 2048 tokens, 256 sequences in every V1 release. NVML implements no
+  memory query there (NVIDIA's DGX Spark known issues: nvidia-smi "Memory-Usage: Not Supported"), so until 0.32
+  `get_device_total_memory` raises and `get_batch_defaults` falls back to device_memory = 0; 0.33 reads the total from
+  CUDA instead and keeps GB10 on the small tier by its compute capability (`is_gb10`);
 * the V0 engine (< 0.8) without chunked prefill profiles one batch of max(max_model_len, 2048) tokens (<= 32k).
 
 The CPU backend sets its own (cpu.py): 2048 tokens and 128 sequences here. Pure: no import of vLLM or torch.
@@ -21,6 +25,8 @@ from pytest_vllm_mem.units import GIB
 from pytest_vllm_mem.versions import release_or_latest as release
 
 LARGE_DEVICE_BYTES = 70 * GIB
+# Devices whose NVML has no memory query, by the names CUDA gives them: vLLM sizes their defaults as for no memory.
+NO_NVML_MEMORY_NAMES = ("gb10",)
 HUGE_DEVICE_BYTES = 160 * GIB
 HUGE_TIER_SINCE = (0, 28)
 A100_EXCLUDED_SINCE = (0, 9)
@@ -50,6 +56,8 @@ def batch_defaults(
     if version < V1_SINCE:
         tokens = max(max_model_len, 2048) if max_model_len <= V0_CHUNKED_PREFILL_ABOVE else 2048
         return BatchDefaults(tokens, 256, "V0 engine: one batch of max_model_len tokens")
+    if no_nvml_memory(device_name):
+        return BatchDefaults(2048, 256, "GB10: NVML has no memory total there, so vLLM takes its small-device defaults")
     if device_bytes >= HUGE_DEVICE_BYTES and version >= HUGE_TIER_SINCE:
         return BatchDefaults(16384, 1024, "device >= 160 GiB")
     is_a100 = "a100" in device_name.lower() and version >= A100_EXCLUDED_SINCE
@@ -59,4 +67,10 @@ def batch_defaults(
     return BatchDefaults(2048, 256, why)
 
 
-__all__ = ["BatchDefaults", "batch_defaults", "release"]
+def no_nvml_memory(device_name: str) -> bool:
+    """A device (DGX Spark's GB10) whose NVML reports no memory total, which vLLM's batch defaults treat as none."""
+    name = device_name.lower()
+    return any(key in name for key in NO_NVML_MEMORY_NAMES)
+
+
+__all__ = ["BatchDefaults", "batch_defaults", "no_nvml_memory", "release"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from pytest_vllm_mem.plan.batch_defaults import BatchDefaults, batch_defaults
+from pytest_vllm_mem.plan.batch_defaults import BatchDefaults, batch_defaults, no_nvml_memory
 from pytest_vllm_mem.units import GIB
 
 __all__ = ["BatchBranch", "BatchRule", "defaults_for", "rule_from_source"]
@@ -51,8 +51,8 @@ def defaults_for(
 ) -> BatchDefaults:
     """vLLM's serve defaults on a device of `device_bytes`: from `rule` (the installed vLLM's source) if it was
     read, else from the table in batch_defaults (by release)."""
-    if rule is not None:
-        return rule.defaults(device_bytes, device_name)
+    if rule is not None:  # a GB10 reaches the rule with no memory total before 0.33 (batch_defaults' docstring)
+        return rule.defaults(0 if no_nvml_memory(device_name) else device_bytes, device_name)
     return batch_defaults(device_bytes, device_name, vllm_version=vllm_version)
 
 

@@ -12,6 +12,7 @@ import pytest
 from gpu_startups import MODELS, model
 
 from pytest_vllm_mem.plan.batch_defaults import batch_defaults
+from pytest_vllm_mem.plan.batch_rule import BatchBranch, BatchRule, defaults_for
 from pytest_vllm_mem.plan.config_defaults import transformers_available
 from pytest_vllm_mem.plan.errors import PlanRefused, PlanUnsupported
 from pytest_vllm_mem.plan.memory_plan import GIB, Card, pipeline_stages, plan
@@ -137,6 +138,24 @@ def test_batch_defaults_follow_the_device_as_vllm_picks_them() -> None:
     assert limits(178.4, "B200", "0.21.0") == (8192, 1024)
     assert limits(23.99, "RTX 4090", "0.32.0") == (2048, 256)
     assert limits(23.99, "", None, backend="cpu") == (2048, 128)
+
+
+def test_a_gb10_takes_the_small_device_defaults_in_every_release() -> None:
+    # NVML has no memory query on DGX Spark's GB10, so vLLM 0.13's get_batch_defaults fell back to device_memory 0:
+    # "Chunked prefill is enabled with max_num_batched_tokens=2048" with no batch flag given (guardkit/guardkit@
+    # c3facfe8 docs/reviews/graphiti-qwen3/run-1.md, tests/data/logs/gpu-0.13-crash-fastsafetensors-...-gb10-...log).
+    # 0.33 keeps it there by compute capability (is_gb10). The plan gave it the >= 70 GiB defaults (8192, 1024),
+    # and refused a public 0.27.1 start for max_num_seqs 1024 above its 626 Mamba blocks.
+    assert limits(119.63, "NVIDIA GB10", "0.13.0") == (2048, 256)
+    assert limits(119.63, "NVIDIA GB10 (unified memory)", "0.27.1") == (2048, 256)
+    rule = BatchRule((BatchBranch(70 * GIB, (), 8192, 1024), BatchBranch(0, (), 2048, 256)), "0.27.1's shape")
+    assert defaults_for(int(119.63 * GIB), "NVIDIA GB10", rule).max_num_seqs == 256
+    assert defaults_for(int(79.19 * GIB), "H100 80GB", rule).max_num_seqs == 1024
+    qwen = model("Qwen/Qwen3.8-27B")
+    gb10 = Card("cuda", "NVIDIA GB10", int(119.63 * GIB))
+    flags = {"max_model_len": 786432, "kv_cache_dtype": "fp8", "kv_cache_memory_bytes": 32212254720}
+    env = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+    assert plan(qwen, flags, gb10, vllm_version="0.27.1", env=env).verdict == "fits"
 
 
 def test_the_batch_default_thresholds_are_the_installed_vllms() -> None:
