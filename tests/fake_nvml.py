@@ -208,6 +208,9 @@ class FakeGpu:
     graphics_supported: bool = False  # data-center boards: the graphics list is NOT_SUPPORTED
     reserved: int = 0  # the driver's own memory: in v1's used and total, apart in v2 (an H200: about 698 MiB)
     memory_v2: bool = True  # False: a driver older than nvmlDeviceGetMemoryInfo_v2 (before 510)
+    # False: a unified-memory part (DGX Spark's GB10): both memory calls return NOT_SUPPORTED, as the driver does there
+    # (580.142 and 580.173.02, raw ctypes calls quoted in XuehaiPan/nvitop#208); process lists still give usedGpuMemory.
+    memory_query: bool = True
     mps: list[tuple[int, int | None]] = field(default_factory=list)  # MPS client processes
     mps_supported: bool = True
     mig_capable: bool = False
@@ -321,6 +324,8 @@ class FakeNvml:
         self._alive(handle)
         self.memory_queries += 1
         gpu = handle.gpu
+        if not gpu.memory_query:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         if handle.mig:
             total, used, reserved = handle.mig.total, handle.mig.used, 0
         else:

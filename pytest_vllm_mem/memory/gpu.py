@@ -96,7 +96,8 @@ class NvmlProbe:
 
     @property
     def memory_version(self) -> str:
-        """NVML's memory figures in use: "v2" (CUDA's totals, reserved memory apart) or "v1"."""
+        """NVML's memory figures in use: "v2" (CUDA's totals, reserved memory apart), "v1", or "unified" (a device
+        with no memory query, GB10: its totals and used memory are the host's /proc/meminfo)."""
         return self._nvml.memory_version
 
     # -- NVML reads --
@@ -215,15 +216,20 @@ class NvmlProbe:
         else:
             reason = "the driver lists none of the server's processes"
         self.mode, self.mode_reason = "device_delta", reason
+        return self._device_delta(reason)
+
+    def _device_delta(self, reason: str) -> tuple[int, ...]:
         try:
             used_now = self._used_now()
         except NvmlError as error:
             raise ProbeReadError(str(error)) from None
         delta = tuple(max(0, now - before) for now, before in zip(used_now, self._baseline))
         if any(delta):
+            unified = self.memory_version == "unified"
             self._note(
                 f"measured as the device's used memory minus its value before the server started, because {reason}: "
                 "any other process's change on the device is counted too"
+                + (" (this unified-memory device's memory is the host's: every host process counts)" if unified else "")
             )
         return delta
 

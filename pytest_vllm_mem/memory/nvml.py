@@ -15,7 +15,7 @@ from typing import Any
 
 from pytest_vllm_mem.memory.device import DeviceError, DeviceInfo
 
-__all__ = ["Nvml", "NvmlError", "NvmlUnavailable", "ResolvedDevice", "device_count", "nvml_session"]
+__all__ = ["Nvml", "NvmlError", "NvmlUnavailable", "ResolvedDevice", "device_count", "host_memory", "nvml_session"]
 
 # NVML's return codes (nvml.h); stable across driver versions.
 INVALID_ARGUMENT = 2
@@ -36,6 +36,22 @@ _HINTS = {
     LIB_RM_VERSION_MISMATCH: "the NVIDIA driver was updated without a reboot: reboot, or reload the nvidia module",
 }
 _DEFAULT_HINT = "check the GPU with `nvidia-smi`"
+
+
+MEMINFO_PATH = "/proc/meminfo"
+
+
+def host_memory(path: str | None = None) -> tuple[int, int]:
+    """(MemTotal, MemAvailable) bytes of the host, from /proc/meminfo: a unified-memory GPU's memory."""
+    fields: dict[str, int] = {}
+    with open(path or MEMINFO_PATH, encoding="ascii") as meminfo:
+        for line in meminfo:
+            name, _, rest = line.partition(":")
+            if name in ("MemTotal", "MemAvailable"):
+                fields[name] = int(rest.split()[0]) * 1024  # kB
+    if len(fields) != 2:
+        raise ValueError("MemTotal or MemAvailable missing")
+    return fields["MemTotal"], fields["MemAvailable"]
 
 
 class NvmlUnavailable(RuntimeError):
@@ -93,6 +109,7 @@ class Nvml:
         self._closed = False
         self._versioned: dict[str, str] = {}  # unversioned getter -> the _v2 one, once the driver refused it
         self._memory_v2: bool | None = None  # None: not tried yet
+        self._unified = False  # the device has no NVML memory query: its figures are the host's (GB10)
         self._unsupported: set[str] = set()  # process lists this driver cannot give (MPS on old drivers)
 
     def close(self) -> None:
@@ -154,13 +171,35 @@ class Nvml:
                 self._memory_v2 = False
             except (TypeError, AttributeError):
                 self._memory_v2 = False  # an nvidia-ml-py older than the version argument
-        info = self.call("read the memory", label, self.module.nvmlDeviceGetMemoryInfo, handle)
+        try:
+            info = self.module.nvmlDeviceGetMemoryInfo(handle)
+        except self._error_type as error:
+            if _code(error) != NOT_SUPPORTED:
+                raise self._error("read the memory", label, error) from None
+            return self._unified_memory(label, error)
         return int(info.total), int(info.used), int(info.free), 0
+
+    def _unified_memory(self, label: str, error: BaseException) -> tuple[int, int, int, int]:
+        """A device with no NVML memory query: DGX Spark's GB10, whose GPU shares the host's memory (NVIDIA's DGX Spark
+        known issues: nvidia-smi shows "Memory-Usage: Not Supported"; both memory calls return NOT_SUPPORTED). Its
+        memory is the host's, as /proc/meminfo counts it (what gpud and nvtop fall back to there); per-process
+        figures (usedGpuMemory) still work."""
+        try:
+            total, available = host_memory()
+        except (OSError, ValueError) as failure:
+            raise NvmlError(
+                f"NVML could not read the memory of {label}: {describe(error)}, and {MEMINFO_PATH} could not stand "
+                f"in for it (a unified-memory device shares the host's memory): {failure}.",
+                NOT_SUPPORTED,
+            ) from None
+        self._unified = True
+        return total, total - available, available, 0
 
     @property
     def memory_version(self) -> str:
-        """ "v2" when the driver reports reserved memory apart (the totals are CUDA's), "v1" otherwise."""
-        return "v2" if self._memory_v2 else "v1"
+        """ "v2" when the driver reports reserved memory apart (the totals are CUDA's), "v1" otherwise, "unified"
+        when the device has no memory query and its figures are the host's (_unified_memory)."""
+        return "unified" if self._unified else "v2" if self._memory_v2 else "v1"
 
     def name(self, handle: Any, label: str) -> str:
         return _text(self.call("read the name", label, self.module.nvmlDeviceGetName, handle))
