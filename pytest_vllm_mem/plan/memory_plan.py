@@ -45,7 +45,7 @@ from pytest_vllm_mem.plan.layers import (
     state_blocks_per_request,
     state_shape,
 )
-from pytest_vllm_mem.plan.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, lora_bytes
+from pytest_vllm_mem.plan.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, lora_bytes, lora_vocab_bytes
 from pytest_vllm_mem.plan.model_runner import architectures, graphs_in_budget_on_v2, uses_v2_runner
 from pytest_vllm_mem.plan.modelinfo import ModelInfo, ModelInfoError, ceil_div, dtype_bytes, with_hf_overrides
 from pytest_vllm_mem.plan.profile_peak import moe_workspace_bytes, sampler_pass_bytes
@@ -672,6 +672,7 @@ class _Setup:
     env: Mapping[str, str] = field(default_factory=dict)  # the server's environment (sampler kernel choice)
     spec: Speculative | None = None  # --speculative-config (speculative.py)
     lora_bytes: int = 0  # --enable-lora's slot buffers on one GPU, all layers (lora.py)
+    lora_vocab: tuple[int, int] = (0, 0)  # ... and its vocabulary-wide stacks on the first and last stage
     full_graphs: bool = True  # FULL CUDA graphs captured (cudagraphs.py)
     auto_fit_limit: int = 0  # --max-model-len auto: the model's own limit, which vLLM profiles with (auto_fit.py)
     expert_parallel: bool = False  # --enable-expert-parallel: each rank holds whole experts (profile_peak.py)
@@ -812,6 +813,8 @@ def _setup(
         speculative_method=("mtp" if is_mtp(spec.method) else spec.method) if spec else None,
         flags=flags,
     )
+    lora = switch_on(flags, "enable_lora")
+    slots, rank = _int_flag(flags, "max_loras", DEFAULT_MAX_LORAS), _int_flag(flags, "max_lora_rank", DEFAULT_MAX_LORA_RANK)
     return _Setup(
         cpu=cpu,
         tp=tp,
@@ -838,15 +841,8 @@ def _setup(
         full_graphs=full_cudagraphs(flags),
         expert_parallel=switch_on(flags, "enable_expert_parallel"),
         v2_runner=v2,
-        lora_bytes=lora_bytes(
-            info,
-            slots=_int_flag(flags, "max_loras", DEFAULT_MAX_LORAS),
-            rank=_int_flag(flags, "max_lora_rank", DEFAULT_MAX_LORA_RANK),
-            tp=tp,
-            dtype=dtype,
-        )
-        if switch_on(flags, "enable_lora")
-        else 0,
+        lora_bytes=lora_bytes(info, slots=slots, rank=rank, tp=tp, dtype=dtype) if lora else 0,
+        lora_vocab=lora_vocab_bytes(info, slots=slots, rank=rank, dtype=dtype) if lora else (0, 0),
     )
 
 
@@ -897,6 +893,7 @@ def _gpu_budget(
     weights = weights_per_gpu(info, tp=s.tp, dtype=s.dtype, quantization=quantization, stage=(start, end, s.pp))
     if s.lora_bytes:  # the stage's share of the LoRA slots, beside the weights in what vLLM logs as model loading
         extra = s.lora_bytes * (end - start) // max(1, info.num_layers)
+        extra += (s.lora_vocab[0] if start == 0 else 0) + (s.lora_vocab[1] if end >= info.num_layers else 0)
         weights = Estimate(weights.value + extra, weights.low + extra, weights.high + extra, weights.source)
     if cal.weights_bytes:
         weights = Estimate.exact(cal.weights_bytes, "calibrated")
@@ -1152,8 +1149,9 @@ def _notes(info: ModelInfo, s: _Setup, b: _Budget, stages: int) -> list[str]:
         notes.append("Gemma 3n: its AltUp and LAuReL blocks and its MobileNet/audio towers are not in the weights")
     if s.lora_bytes:
         notes.append(
-            f"weights include {s.lora_bytes / GIB:.2f} GiB of LoRA slots (attention and MLP layers; not the "
-            "embedding, LM head or MoE experts' LoRA, nor the punica buffers)"
+            f"weights include {(s.lora_bytes + sum(s.lora_vocab)) / GIB:.2f} GiB of LoRA slots (attention and MLP "
+            "layers, and the embedding and logits stacks where vLLM wraps them; not MoE experts' LoRA, nor the punica "
+            "buffers)"
         )
     return notes
 
