@@ -814,7 +814,8 @@ def _setup(
         flags=flags,
     )
     lora = switch_on(flags, "enable_lora")
-    slots, rank = _int_flag(flags, "max_loras", DEFAULT_MAX_LORAS), _int_flag(flags, "max_lora_rank", DEFAULT_MAX_LORA_RANK)
+    slots = _int_flag(flags, "max_loras", DEFAULT_MAX_LORAS)
+    rank = _int_flag(flags, "max_lora_rank", DEFAULT_MAX_LORA_RANK)
     return _Setup(
         cpu=cpu,
         tp=tp,

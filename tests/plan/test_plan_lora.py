@@ -65,7 +65,9 @@ def test_the_vocabulary_stacks_follow_the_architectures_vllm_wraps() -> None:
     assert lora_vocab_bytes(info, slots=64, rank=16, dtype=2) == (stack, 2 * stack)
     untied = model_info_from_config({**QWEN3_4B, "tie_word_embeddings": False}, name="untied")
     assert lora_vocab_bytes(untied, slots=64, rank=16, dtype=2) == (stack, stack)
-    qwen2 = model_info_from_config({**QWEN3_4B, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}, name="q2")
+    qwen2 = model_info_from_config(
+        {**QWEN3_4B, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}, name="q2"
+    )
     assert lora_vocab_bytes(qwen2, slots=64, rank=16, dtype=2) == (0, 0)  # Qwen2's class names no embedding_modules
 
 
