@@ -53,6 +53,8 @@ Three scores are printed:
   reported like blind 4;
 - blind 20: more logs (`"batch": "issue23-blind20"`) collected by a helper blind to the classifier after the rules were
   frozen again (BLIND20_RULES_SHA256, commit e2e9a8f: round 19's rules), split and reported like blind 4.
+- blind 21: more logs (`"batch": "issue23-blind21"`) collected by two helpers blind to the classifier after the rules
+  were frozen again (BLIND21_RULES_SHA256, commit 64d6c24: round 20's rules), split and reported like blind 4.
 A further line adds up the held-out thirds of blind batches 4-20 (the target of issue 23: 95% on logs no rule saw).
 `--frozen-held-out` scores each held-out third with its own batch's frozen rules (read from git: the figure of record)
 and splits the total by `error_shown`: `"error_shown": false` marks a failure excerpt that stops before the line
@@ -163,6 +165,10 @@ BLIND19_RULES_SHA256 = BLIND18_RULES_SHA256
 # split in thirds by the same hash rule as batch 4.
 BLIND20_BATCH = "issue23-blind20"
 BLIND20_RULES_SHA256 = "4905882f5a01a9b80d158233b45960a78ebffe372774c019be08743335022d71"
+# The twenty-first blind batch: frozen again (commit 64d6c24, round 20's rules) before any of its logs was collected;
+# split in thirds by the same hash rule as batch 4.
+BLIND21_BATCH = "issue23-blind21"
+BLIND21_RULES_SHA256 = "460c67d6b2bcd4163b3122b9fd9f6082732327082d0d00b9deef785e463c1c6c"
 # The batches split in thirds by the hash rule, with the ordinal their lines are printed with.
 SPLIT_BATCHES = {
     BLIND4_BATCH: "a fourth",
@@ -182,6 +188,7 @@ SPLIT_BATCHES = {
     BLIND18_BATCH: "an eighteenth",
     BLIND19_BATCH: "a nineteenth",
     BLIND20_BATCH: "a twentieth",
+    BLIND21_BATCH: "a twenty-first",
 }
 # Every blind batch, in the order collected, with the diagnose.py its rules were frozen at.
 FROZEN_RULES = {
@@ -205,6 +212,7 @@ FROZEN_RULES = {
     BLIND18_BATCH: BLIND18_RULES_SHA256,
     BLIND19_BATCH: BLIND19_RULES_SHA256,
     BLIND20_BATCH: BLIND20_RULES_SHA256,
+    BLIND21_BATCH: BLIND21_RULES_SHA256,
 }
 _OLD_PHASE_WORDS = (
     ("while profiling", "profiling"),
@@ -218,7 +226,7 @@ _OLD_PHASE_WORDS = (
 
 def is_held_out(name: str, entry: dict[str, Any]) -> bool:
     """The split rule, fixed before the issue-23 logs were scored: a third of that batch (and of blind batches 4, 5,
-    6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19 and 20), by a hash of the name."""
+    6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20 and 21), by a hash of the name."""
     return (entry.get("batch") == HELD_OUT_BATCH or entry.get("batch") in SPLIT_BATCHES) and int(
         hashlib.sha256(name.encode()).hexdigest(), 16
     ) % 3 == 0
@@ -253,6 +261,7 @@ FROZEN_COMMITS = {
     BLIND18_BATCH: "8719f989",
     BLIND19_BATCH: "8719f989",
     BLIND20_BATCH: "e2e9a8f1",
+    BLIND21_BATCH: "64d6c242",
 }
 
 
