@@ -1736,6 +1736,27 @@ def _completed_tail(log_text: str) -> tuple[str, str] | None:
     return body + head[size:], head
 
 
+# vLLM's MessageQueue logs this once a minute while a reader has not taken the engine's broadcast (shm_broadcast.py,
+# "This typically happens when some processes are hanging"): a log that ends in it, with no error, is a hang, which a
+# start that never became healthy ends in; it is a timeout, not a crash.
+_SHM_WAIT = re.compile(r"No available shared memory broadcast block found in \d+ seconds?")
+_HANG_WAITS = 2
+
+
+def _hung(lines: Sequence[_Line]) -> Diagnosis | None:
+    waits = [entry for entry in lines if _SHM_WAIT.search(entry.text)]
+    if len(waits) < _HANG_WAITS or lines[-1] is not waits[-1]:
+        return None
+    if any(entry.may_be_error and _shows_error(entry.text) for entry in lines):
+        return None
+    stage = _stage_before(lines, waits[0].index)
+    summary = (
+        f"vLLM hung (last stage reached: {stage}): its engine waited on a worker with no error logged "
+        f"({len(waits)} of vLLM's one-minute shared-memory broadcast waits) until it was stopped"
+    )
+    return Diagnosis("timeout", summary, (waits[0].text,), {"hang_waits": float(len(waits))})
+
+
 def _cut_tail(log_text: str) -> Diagnosis | None:
     completed = _completed_tail(log_text)
     if completed is None:
@@ -1939,6 +1960,7 @@ def classify_failure(log_text: str, returncode: int | None) -> Diagnosis:
         or _dtype_check(lines)
         or _cut_in_check(lines)
         or _cut_tail(log_text)
+        or _hung(lines)
         or (_cut_in_memory_phase(lines) if returncode != -9 else None)
     )
     if diagnosis is not None:

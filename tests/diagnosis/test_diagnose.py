@@ -1437,11 +1437,20 @@ def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.Captu
         in out
     )
     assert "blind batch 20, held-out third: 5/6 logs right" in out
+    # Blind batch 21, frozen at BLIND21_RULES_SHA256 (commit 64d6c242, round 20's rules): the in-sample two thirds 6/8
+    # as collected, 7/8 once a started log's weights were the figure its own weights line prints, 8/8 with round 21's
+    # rule (a log that ends in vLLM's shared-memory broadcast waits with no error is a hang: timeout); the held-out
+    # third 5/7 with the frozen rules and with round 21's.
+    assert (
+        "blind batch 21, in-sample two thirds (collected after the rules froze a twenty-first time): 8/8 logs right"
+        in out
+    )
+    assert "blind batch 21, held-out third: 5/7 logs right" in out
     # Round 11's cut-excerpt rule, written after all of batches 4-10 were seen, passes 12 more of them (3 held out);
-    # with batches 11-20, 129/149 and 199/221 now; the held-out figure of record stays each batch's frozen score
-    # (score.py --frozen-held-out: 123/149).
-    assert "held-out thirds of blind batches 4-20: 129/149 logs right" in out and "(6 of them seen before" in out
-    assert "never fitted, together: 199/221 logs right" in out
+    # with batches 11-21, 134/156 and 204/228 now; the held-out figure of record stays each batch's frozen score
+    # (score.py --frozen-held-out: 128/156).
+    assert "held-out thirds of blind batches 4-21: 134/156 logs right" in out and "(6 of them seen before" in out
+    assert "never fitted, together: 204/228 logs right" in out
 
 
 # --- round 4: lines as they reach users, configuration checks by where they raise --------------------------------
@@ -1835,3 +1844,19 @@ def test_a_runtime_error_that_says_which_flag_to_pass_is_a_rejected_setting_and_
     assert "--numa-bind-nodes" in diagnosis.summary
     mention = "RuntimeError: CUDA error: an illegal memory access was encountered (run with --enforce-eager to debug)\n"
     assert classify_failure(mention, 1).kind == "crash"
+
+
+def test_a_log_that_ends_in_the_engines_broadcast_waits_with_no_error_is_a_hang() -> None:
+    # Round 21, written on blind batch 21's in-sample third: Qwen3.8-27B at TP 2 on vLLM 0.31 finished its startup
+    # figures, then logged only shm_broadcast's once-a-minute "No available shared memory broadcast block found in 60
+    # seconds" for an hour (Einengutenmorgen/decode_kuki vllm_run.log). The frozen rules read a crash.
+    text = (LOGS / "gpu-0.31-startup-hang-after-graph-capture-tp2-qwen27b-decode-kuki.log").read_text()
+    hang = classify_failure(text, None)
+    assert (hang.kind, hang.phase) == ("timeout", None) and hang.figures["hang_waits"] == 12
+    assert "hung" in hang.summary and "no error logged" in hang.summary
+    # One wait is a slow step, not yet a hang; waits followed by an error are that error's.
+    lines = text.splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if "No available shared memory broadcast block" in line)
+    assert classify_failure("".join(lines[: first + 1]), None).kind != "timeout"
+    failed = text + "(EngineCore pid=1445363) RuntimeError: NCCL error: unhandled cuda error\n"
+    assert classify_failure(failed, 1).kind == "crash"
