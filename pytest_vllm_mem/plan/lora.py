@@ -92,7 +92,7 @@ VOCAB_LORA_ARCHITECTURES = frozenset(
 
 def lora_vocab_bytes(info: ModelInfo, *, slots: int, rank: int, dtype: float) -> tuple[int, int]:
     """(first stage, last stage) bytes of the vocabulary-wide LoRA stacks: the embedding's on the first pipeline
-    stage; the logits processor's, and a tied LM head's second embedding stack, on the last. None for an
+    stage; the logits processor's, and a tied LM head's second embedding stack, on the last. (0, 0) for an
     architecture outside VOCAB_LORA_ARCHITECTURES."""
     if not VOCAB_LORA_ARCHITECTURES.intersection(architectures(info.raw)):
         return 0, 0
