@@ -1278,15 +1278,16 @@ BATCH_SIZES = {
     "issue23-blind19": (26, 7),
     "issue23-blind20": (16, 6),
     "issue23-blind21": (15, 7),
+    "issue23-blind22": (10, 2),
 }
 
 
 def test_cut_excerpts_are_marked_on_failures_of_split_batches_only() -> None:
     # error_shown: false marks a failure excerpt that stops before its error line (score.py --frozen-held-out splits
-    # the held-out figure by it): batch 10's 9, batch 11's 9, batch 12's 6, batch 13's 7, batch 14's 1 and batch 21's 4
-    # when they were collected, 12 of the held-out thirds of batches 4-9 after.
+    # the held-out figure by it): batch 10's 9, batch 11's 9, batch 12's 6, batch 13's 7, batch 14's 1, batch 21's 4 and
+    # batch 22's 2 when they were collected, 12 of the held-out thirds of batches 4-9 after.
     cut = [name for name, entry in INDEX.items() if entry.get("error_shown") is False]
-    assert len(cut) == 48
+    assert len(cut) == 50
     split = set(_score_module().SPLIT_BATCHES)  # type: ignore[attr-defined]
     assert all(INDEX[name]["kind"] != "started" and INDEX[name].get("batch") in split for name in cut)
 
@@ -1446,11 +1447,18 @@ def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.Captu
         in out
     )
     assert "blind batch 21, held-out third: 5/7 logs right" in out
+    # Blind batch 22, frozen at BLIND22_RULES_SHA256 (commit 2d4f9b1e, round 21's rules): the in-sample two thirds 8/8
+    # and the held-out third 2/2 as collected; no rule written on it.
+    assert (
+        "blind batch 22, in-sample two thirds (collected after the rules froze a twenty-second time): 8/8 logs right"
+        in out
+    )
+    assert "blind batch 22, held-out third: 2/2 logs right" in out
     # Round 11's cut-excerpt rule, written after all of batches 4-10 were seen, passes 12 more of them (3 held out);
-    # with batches 11-21, 134/156 and 204/228 now; the held-out figure of record stays each batch's frozen score
-    # (score.py --frozen-held-out: 128/156).
-    assert "held-out thirds of blind batches 4-21: 134/156 logs right" in out and "(6 of them seen before" in out
-    assert "never fitted, together: 204/228 logs right" in out
+    # with batches 11-22, 136/158 and 206/230 now; the held-out figure of record stays each batch's frozen score
+    # (score.py --frozen-held-out: 130/158).
+    assert "held-out thirds of blind batches 4-22: 136/158 logs right" in out and "(6 of them seen before" in out
+    assert "never fitted, together: 206/230 logs right" in out
 
 
 # --- round 4: lines as they reach users, configuration checks by where they raise --------------------------------
