@@ -284,11 +284,11 @@ def _plan_entry(entry: dict[str, Any], models: dict[str, Any], calibration: Any 
 
 def gpu_rows(data: dict[str, Any], as_first_recorded: bool = False) -> list[dict[str, Any]]:
     """Every public startup row planned from its model's architecture, uncalibrated; with `as_first_recorded`, a row
-    whose model was corrected after its results were seen is planned with the model it was first recorded with."""
+    whose model or card total was corrected after its results were seen is planned as it was first recorded."""
     rows = []
     for entry in data["startups"]:
-        if as_first_recorded and "model_as_first_recorded" in entry:
-            entry = {**entry, "model": entry["model_as_first_recorded"]}
+        if as_first_recorded:
+            entry = _as_first_recorded(entry)
         predicted, reason = _plan_entry(entry, data["models"])
         logged = entry["logged"]
         real = entry.get("outcome", "fits")
@@ -339,6 +339,14 @@ def gpu_rows(data: dict[str, Any], as_first_recorded: bool = False) -> list[dict
             row["calibrated_kv_tokens_error"] = _error(cal_plan.kv_tokens.value, logged.get("kv_tokens"))
         rows.append(row)
     return rows
+
+
+def _as_first_recorded(entry: dict[str, Any]) -> dict[str, Any]:
+    """The row as it was first recorded, before a re-read corrected its model or its card's total."""
+    for field in ("model", "total_gib"):
+        if f"{field}_as_first_recorded" in entry:
+            entry = {**entry, field: entry[f"{field}_as_first_recorded"]}
+    return entry
 
 
 def _layout_check(entry: dict[str, Any], models: dict[str, Any]) -> dict[str, Any]:
@@ -487,7 +495,7 @@ def run_gpu(out: Path | None, show_holdout: bool = True) -> int:
         first = [r for r in gpu_rows(data, as_first_recorded=True) if r["split"] == "holdout"]
         for row in first:
             row["set"] = (
-                "held-out, models as first recorded (before the re-reads of 2026-12-03, 4 rows, and 2026-12-05, 3 rows)"
+                "held-out, as first recorded (before the re-reads of models, 12-03 and 12-05, and card totals, 12-06)"
             )
         shown = [*shown, *first]
     _print_table("by set", _table(shown, "set"), "set")
