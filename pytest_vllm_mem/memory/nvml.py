@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
+
 from pytest_vllm_mem.memory.device import DeviceError, DeviceInfo
 
 __all__ = ["Nvml", "NvmlError", "NvmlUnavailable", "ResolvedDevice", "device_count", "host_memory", "nvml_session"]
@@ -38,20 +40,11 @@ _HINTS = {
 _DEFAULT_HINT = "check the GPU with `nvidia-smi`"
 
 
-MEMINFO_PATH = "/proc/meminfo"
-
-
-def host_memory(path: str | None = None) -> tuple[int, int]:
-    """(MemTotal, MemAvailable) bytes of the host, from /proc/meminfo: a unified-memory GPU's memory."""
-    fields: dict[str, int] = {}
-    with open(path or MEMINFO_PATH, encoding="ascii") as meminfo:
-        for line in meminfo:
-            name, _, rest = line.partition(":")
-            if name in ("MemTotal", "MemAvailable"):
-                fields[name] = int(rest.split()[0]) * 1024  # kB
-    if len(fields) != 2:
-        raise ValueError("MemTotal or MemAvailable missing")
-    return fields["MemTotal"], fields["MemAvailable"]
+def host_memory() -> tuple[int, int]:
+    """(total, available) bytes of the host, psutil's MemTotal and MemAvailable on Linux: a unified-memory GPU's
+    memory."""
+    memory = psutil.virtual_memory()
+    return int(memory.total), int(memory.available)
 
 
 class NvmlUnavailable(RuntimeError):
@@ -182,13 +175,13 @@ class Nvml:
     def _unified_memory(self, label: str, error: BaseException) -> tuple[int, int, int, int]:
         """A device with no NVML memory query: DGX Spark's GB10, whose GPU shares the host's memory (NVIDIA's DGX Spark
         known issues: nvidia-smi shows "Memory-Usage: Not Supported"; both memory calls return NOT_SUPPORTED). Its
-        memory is the host's, as /proc/meminfo counts it (what gpud and nvtop fall back to there); per-process
-        figures (usedGpuMemory) still work."""
+        memory is the host's, as /proc/meminfo counts it (read through psutil; what gpud and nvtop fall back to there);
+        per-process figures (usedGpuMemory) still work."""
         try:
             total, available = host_memory()
-        except (OSError, ValueError) as failure:
+        except OSError as failure:
             raise NvmlError(
-                f"NVML could not read the memory of {label}: {describe(error)}, and {MEMINFO_PATH} could not stand "
+                f"NVML could not read the memory of {label}: {describe(error)}, and the host's memory could not stand "
                 f"in for it (a unified-memory device shares the host's memory): {failure}.",
                 NOT_SUPPORTED,
             ) from None

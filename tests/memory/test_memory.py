@@ -11,6 +11,7 @@ import textwrap
 import time
 from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import psutil
@@ -47,7 +48,6 @@ from pytest_vllm_mem.memory import (
     server_devices,
     wait_for_free_memory,
 )
-from pytest_vllm_mem.memory import nvml as nvml_module
 from pytest_vllm_mem.memory.backend import UNLISTED_PID
 from pytest_vllm_mem.units import GIB
 
@@ -239,14 +239,18 @@ def test_nvml_v2_memory_leaves_out_the_drivers_reserved_memory() -> None:
     assert old_probe.free_bytes() == (80 * GIB - reserved,)
 
 
-def test_a_unified_memory_gpu_without_a_memory_query_reads_the_hosts_memory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_unified_memory_gpu_without_a_memory_query_reads_the_hosts_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     # DGX Spark's GB10: nvmlDeviceGetMemoryInfo and its v2 return NOT_SUPPORTED (nvitop#208's raw ctypes calls);
-    # the probe stopped with "NVML could not read the memory of GPU 0". Its memory is the host's.
-    meminfo = tmp_path / "meminfo"
-    meminfo.write_text("MemTotal:       127600748 kB\nMemFree:         1000 kB\nMemAvailable:   118566368 kB\n")
-    monkeypatch.setattr(nvml_module, "MEMINFO_PATH", str(meminfo))
+    # the probe stopped with "NVML could not read the memory of GPU 0". Its memory is the host's (psutil's MemTotal
+    # and MemAvailable).
+    host = {"total": 127600748 * 1024, "available": 118566368 * 1024}
+
+    def virtual_memory() -> SimpleNamespace:
+        if not host:
+            raise OSError("/proc/meminfo: permission denied")
+        return SimpleNamespace(**host)
+
+    monkeypatch.setattr(psutil, "virtual_memory", virtual_memory)
     nvml = one_gpu(name="NVIDIA GB10", memory_query=False, used=0)
     probe = NvmlProbe(0, nvml=nvml, processes=nvml.host)
     assert probe.memory_version == "unified"
@@ -257,10 +261,10 @@ def test_a_unified_memory_gpu_without_a_memory_query_reads_the_hosts_memory(
     assert probe.read({100}) == (37 * GIB,) and probe.mode == "per_process"
     fresh = NvmlProbe(0, nvml=nvml, processes=nvml.host)
     nvml.gpus[0].compute = [(100, None)]  # no per-process figure: the host's delta, and the note says whose it is
-    meminfo.write_text("MemTotal:       127600748 kB\nMemAvailable:   108566368 kB\n")
+    host["available"] = 108566368 * 1024
     assert fresh.read({100}) == (10_000_000 * 1024,) and fresh.mode == "device_delta"
     assert "every host process counts" in fresh.attribution_notes[0]
-    meminfo.write_text("MemTotal: 1 kB\n")  # no MemAvailable: a clear error, not a 0
+    host.clear()  # the host's memory unreadable too: a clear error, not a 0
     with pytest.raises(NvmlError, match="could not stand in"):
         NvmlProbe(0, nvml=nvml, processes=nvml.host)
 
