@@ -1757,6 +1757,29 @@ def _hung(lines: Sequence[_Line]) -> Diagnosis | None:
     return Diagnosis("timeout", summary, (waits[0].text,), {"hang_waits": float(len(waits))})
 
 
+# The API server's own wait for its engines (V1 `core_client.py`) ran out before every engine reported ready: 600 s
+# hard-coded in 0.1x, whose two concatenated literals print "...engines to sendinitial message on input socket." (no
+# space; later copies add it), VLLM_ENGINE_READY_TIMEOUT_S from 0.2x, worded "Timed out waiting for engine core
+# processes to start. This is often caused by slow weight loading ..." through 0.33. It is vLLM's code on every
+# platform, so an NPU's or a TPU's start that hits it is a timeout too.
+_ENGINE_READY_TIMEOUT = re.compile(
+    r"Timed out waiting for (?:engines to send\s*initial message|(?:new )?engine core processes to start)"
+)
+
+
+def _engine_ready_timeout(lines: Sequence[_Line]) -> Diagnosis | None:
+    hit = next((entry for entry in lines if _ENGINE_READY_TIMEOUT.search(entry.text)), None)
+    if hit is None:
+        return None
+    stage = _stage_before(lines, hit.index)
+    summary = (
+        f"vLLM's API server stopped waiting for its engine (last stage the engine reached: {stage}): "
+        "its startup timeout (VLLM_ENGINE_READY_TIMEOUT_S; a fixed 600 s before 0.2x) ran out before the engine "
+        "reported ready"
+    )
+    return Diagnosis("timeout", summary, (hit.text,), {}, _milestone_phase(lines, hit.index))
+
+
 def _cut_tail(log_text: str) -> Diagnosis | None:
     completed = _completed_tail(log_text)
     if completed is None:
@@ -1961,6 +1984,7 @@ def classify_failure(log_text: str, returncode: int | None) -> Diagnosis:
         or _cut_in_check(lines)
         or _cut_tail(log_text)
         or _hung(lines)
+        or _engine_ready_timeout(lines)
         or (_cut_in_memory_phase(lines) if returncode != -9 else None)
     )
     if diagnosis is not None:
@@ -1986,7 +2010,9 @@ def classify_failure(log_text: str, returncode: int | None) -> Diagnosis:
     if errors:
         summary += f": {errors[0][:200]}"
         return Diagnosis("crash", summary, errors, figures, phase, platform)
-    return Diagnosis("crash", summary, tuple(_meaningful(lines)[-MAX_ROOT_CAUSE_LINES:]), figures, phase, platform)
+    # No error line but the generic one (an engine that died without a word): its last lines, the generic one left out
+    last = [text for text in _meaningful(lines) if not _GENERIC.search(text)][-MAX_ROOT_CAUSE_LINES:]
+    return Diagnosis("crash", summary, tuple(last), figures, phase, platform)
 
 
 _PLATFORM_NAMES = {
