@@ -59,7 +59,9 @@ Three scores are printed:
   were frozen again (BLIND22_RULES_SHA256, commit 2d4f9b1: round 21's rules), split and reported like blind 4.
 - blind 23: more logs (`"batch": "issue23-blind23"`) collected by two helpers blind to the classifier with the same
   rules (BLIND23_RULES_SHA256, commit 3cb88c2: round 21's rules, unchanged), split and reported like blind 4.
-A further line adds up the held-out thirds of blind batches 4-23 (the target of issue 23: 95% on logs no rule saw).
+- blind 24: more logs (`"batch": "issue23-blind24"`) collected by two helpers blind to the classifier after the rules
+  were frozen again (BLIND24_RULES_SHA256, commit 685d75e: round 23's rules), split and reported like blind 4.
+A further line adds up the held-out thirds of blind batches 4-24 (the target of issue 23: 95% on logs no rule saw).
 `--frozen-held-out` scores each held-out third with its own batch's frozen rules (read from git: the figure of record)
 and splits the total by `error_shown`: `"error_shown": false` marks a failure excerpt that stops before the line
 stating its error (the error only in the issue's title or prose). Batch 10's were marked when it was collected, before
@@ -181,6 +183,10 @@ BLIND22_RULES_SHA256 = "72cc4bd7b0217eb9a2ff8cb6ffe0e6af68f9a55470b2b59f947765a2
 # split in thirds by the same hash rule as batch 4.
 BLIND23_BATCH = "issue23-blind23"
 BLIND23_RULES_SHA256 = BLIND22_RULES_SHA256
+# The twenty-fourth blind batch: frozen again (commit 685d75e, round 23's rules) before any of its logs was collected;
+# split in thirds by the same hash rule as batch 4.
+BLIND24_BATCH = "issue23-blind24"
+BLIND24_RULES_SHA256 = "ae1a3cbf8505296541667a69e0f9f9291ae08769725973d4ff08ac7d9a28d3c5"
 # The batches split in thirds by the hash rule, with the ordinal their lines are printed with.
 SPLIT_BATCHES = {
     BLIND4_BATCH: "a fourth",
@@ -203,6 +209,7 @@ SPLIT_BATCHES = {
     BLIND21_BATCH: "a twenty-first",
     BLIND22_BATCH: "a twenty-second",
     BLIND23_BATCH: "a twenty-third",
+    BLIND24_BATCH: "a twenty-fourth",
 }
 # Every blind batch, in the order collected, with the diagnose.py its rules were frozen at.
 FROZEN_RULES = {
@@ -229,6 +236,7 @@ FROZEN_RULES = {
     BLIND21_BATCH: BLIND21_RULES_SHA256,
     BLIND22_BATCH: BLIND22_RULES_SHA256,
     BLIND23_BATCH: BLIND23_RULES_SHA256,
+    BLIND24_BATCH: BLIND24_RULES_SHA256,
 }
 _OLD_PHASE_WORDS = (
     ("while profiling", "profiling"),
@@ -242,7 +250,7 @@ _OLD_PHASE_WORDS = (
 
 def is_held_out(name: str, entry: dict[str, Any]) -> bool:
     """The split rule, fixed before the issue-23 logs were scored: a third of that batch (and of blind batches 4, 5,
-    6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22 and 23), by a hash of the name."""
+    6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23 and 24), by a hash of the name."""
     return (entry.get("batch") == HELD_OUT_BATCH or entry.get("batch") in SPLIT_BATCHES) and int(
         hashlib.sha256(name.encode()).hexdigest(), 16
     ) % 3 == 0
@@ -280,6 +288,7 @@ FROZEN_COMMITS = {
     BLIND21_BATCH: "64d6c242",
     BLIND22_BATCH: "2d4f9b1e",
     BLIND23_BATCH: "3cb88c21",
+    BLIND24_BATCH: "685d75ec",
 }
 
 
