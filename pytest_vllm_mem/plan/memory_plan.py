@@ -46,7 +46,12 @@ from pytest_vllm_mem.plan.layers import (
     state_shape,
 )
 from pytest_vllm_mem.plan.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, lora_bytes, lora_vocab_bytes
-from pytest_vllm_mem.plan.model_runner import architectures, graphs_in_budget_on_v2, uses_v2_runner
+from pytest_vllm_mem.plan.model_runner import (
+    architectures,
+    graphs_in_budget_on_v2,
+    uses_v2_runner,
+    v2_sampler_state_bytes,
+)
 from pytest_vllm_mem.plan.modelinfo import ModelInfo, ModelInfoError, ceil_div, dtype_bytes, with_hf_overrides
 from pytest_vllm_mem.plan.profile_peak import moe_workspace_bytes, sampler_pass_bytes
 from pytest_vllm_mem.plan.speculative import Speculative, check_drafter, is_mtp, mtp_layers, speculative
@@ -911,6 +916,9 @@ def _gpu_budget(
         v2_runner=s.v2_runner,
     )
     non_torch = gpu_non_torch(s.tp * s.pp, card.nvlink, card.name)
+    if s.v2_runner and end >= info.num_layers:  # V2's sampler state, consumed beside the weights (model_runner.py)
+        state = v2_sampler_state_bytes(max_num_seqs=s.seqs, vocab_size=info.vocab_size)
+        non_torch = Estimate(non_torch.value + state, non_torch.low + state, non_torch.high + state, non_torch.source)
     by_count = s.graph_in_budget and not (info.state is not None and release(s.version) >= GDN_TRANSIENT_SINCE)
     graph = gpu_graphs(info, eager=s.eager, max_num_seqs=s.seqs, tp=s.tp, in_budget=by_count, batched_tokens=s.batched)
     if cal.activation_bytes is not None:

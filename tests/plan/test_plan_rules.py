@@ -256,11 +256,10 @@ def test_the_large_tensor_parallel_non_torch_term_is_for_cards_that_run_symmetri
     )
     assert round(a100.non_torch.value / GIB, 1) == 0.6 and round(h100.non_torch.value / GIB, 1) == 2.1
     assert abs(a100.kv_bytes.value / GIB - 12.02) / 12.02 < 0.05
+    v1 = {"VLLM_USE_V2_MODEL_RUNNER": "0"}  # Model Runner V2's sampler state would join the term (model_runner.py)
     for name in ("NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 5090", "NVIDIA RTX PRO 6000 Blackwell", "A100"):
-        nvlinked = plan(qwen, flags, Card("cuda", name, int(23.6 * GIB), nvlink=True), vllm_version="0.27.1")
+        nvlinked = plan(qwen, flags, Card("cuda", name, int(23.6 * GIB), nvlink=True), env=v1, vllm_version="0.27.1")
         assert round(nvlinked.non_torch.value / GIB, 1) == 0.6, name
     for name in ("H200", "NVIDIA B200", "GB300"):
-        assert (
-            round(plan(qwen, flags, Card("cuda", name, int(139 * GIB)), vllm_version="0.27.1").non_torch.value / GIB, 1)
-            == 2.1
-        )
+        on_card = plan(qwen, flags, Card("cuda", name, int(139 * GIB)), env=v1, vllm_version="0.27.1")
+        assert round(on_card.non_torch.value / GIB, 1) == 2.1
