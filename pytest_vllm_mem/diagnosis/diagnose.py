@@ -615,10 +615,14 @@ _KV_INSUFFICIENT = re.compile(
 # XPU returns UR_RESULT_ERROR_OUT_OF_RESOURCES (40) or ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY; Gaudi's bridge reports
 # "MODULE:PT_DEVMEM Allocation failed"; Ascend says "NPU out of memory"; Tenstorrent's tt-metal allocator (its
 # BankManager, under vLLM's TT plugin and tt-xla alike) "Out of Memory: Not enough space to allocate N B DRAM buffer".
+# XLA names some of its out-of-memory errors by code alone ("RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom:");
+# Ascend's CANN runtime, beneath torch_npu, reports its driver's failed allocation ("halMemAlloc failed ...
+# desc=[driver error:out of memory]", then "aclMallocMemInner: alloc device memory failed").
 _DEVICE_OOM = re.compile(
     r"\b(?:CUDA|HIP|XPU|NPU|HPU) out of memory|OutOfMemoryError|CUDA (?:driver )?(?:error|failure)\W{1,3}out of memory"
     r"|cuda runtime error \(2\) : out of memory|CUBLAS_STATUS_ALLOC_FAILED"
-    r"|\bRESOURCE_EXHAUSTED\b.{0,200}?(?:memory|allocat|reserve)|_ERROR_OUT_OF_(?:DEVICE_MEMORY|RESOURCES)\b"
+    r"|\bRESOURCE_EXHAUSTED\b.{0,200}?(?:memory|allocat|reserve|(?-i:[A-Z]\w*Oom\b))"
+    r"|_ERROR_OUT_OF_(?:DEVICE_MEMORY|RESOURCES)\b|\bdriver error:out of memory\b|alloc device memory failed"
     r"|PT_DEVMEM Allocation failed|Out of Memory: Not enough space to allocate \d+ B (?:DRAM|L1)"
     # The runtimes' own error codes and allocators, whatever wraps them: CUDA's cudaErrorMemoryAllocation and driver
     # CUDA_ERROR_OUT_OF_MEMORY, HIP's hipErrorOutOfMemory, a failed cudaMalloc/hipMalloc, XLA's "Ran out of memory in
@@ -816,6 +820,9 @@ _PHASE_EVIDENCE: tuple[tuple[str, re.Pattern[str]], ...] = (
             # V1's kernel warm-up (FlashInfer autotuning), the step of compile_or_warm_up_model just before the
             # capture: after the KV cache took its budget, as the capture is
             r"|\bkernel_warmup\b|\bflashinfer_autotune\b"
+            # tpu-inference precompiles the model for each bucket in its compilation manager, the step vLLM's TPU
+            # worker calls capture_model
+            r"|tpu_inference/runner/compilation_manager\.py"
         ),
     ),
     (
