@@ -49,6 +49,7 @@ from pytest_vllm_mem.plan.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, 
 from pytest_vllm_mem.plan.model_runner import (
     architectures,
     graphs_in_budget_on_v2,
+    sampler_state_in_budget,
     uses_v2_runner,
     v2_sampler_state_bytes,
 )
@@ -916,7 +917,8 @@ def _gpu_budget(
         v2_runner=s.v2_runner,
     )
     non_torch = gpu_non_torch(s.tp * s.pp, card.nvlink, card.name)
-    if s.v2_runner and end >= info.num_layers:  # V2's sampler state, consumed beside the weights (model_runner.py)
+    # V2's sampler state, consumed beside the weights (model_runner.py)
+    if s.v2_runner and end >= info.num_layers and sampler_state_in_budget(s.version):
         state = v2_sampler_state_bytes(max_num_seqs=s.seqs, vocab_size=info.vocab_size)
         non_torch = Estimate(non_torch.value + state, non_torch.low + state, non_torch.high + state, non_torch.source)
     by_count = s.graph_in_budget and not (info.state is not None and release(s.version) >= GDN_TRANSIENT_SINCE)

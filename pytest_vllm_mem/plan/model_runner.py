@@ -21,8 +21,12 @@ What V2 changes for the plan:
   vocabulary int32 counts ("can be very large, taking up GBs of GPU memory", its own comment), and
   `prompt_bin_mask`, max_num_seqs x vocabulary/32 int32 words. The model runner builds the sampler after 'Model
   loading took' is measured, on every rank of the last pipeline stage, so they are neither in the logged weights nor
-  freed after the profile run: vLLM counts them as consumed memory, taken from the KV cache. V1 counts penalties
-  per step from the token ids instead. 0.58 GiB for 1024 sequences of Qwen's 151,936-token vocabulary.
+  freed after the profile run. From 0.27 vLLM's memory profile takes everything the device lost since the worker
+  started as consumed memory (`utils/mem_utils.py` `total_consumed`, read in the 0.27.1 wheel; its log says "X GiB
+  for consumed memory (weights + non-torch)"), so they come out of the KV cache; 0.26 still added the weights, the
+  profile's torch peak over what was allocated before it and the non-torch growth (its logs print "non-torch memory"
+  apart), which leaves them out of the budget altogether. V1 counts penalties per step from the token ids instead.
+  0.58 GiB for 1024 sequences of Qwen's 151,936-token vocabulary.
 
 Public 0.26-0.28 startups show it: Qwen2.5-0.5B on 0.27.1 'Desired ... 20.39 GiB ... 1.25 GiB for consumed memory,
 0.08 GiB for peak activation, and 0.28 GiB for CUDAGraph memory', KV 19.06 GiB = 20.39 - 1.25 - 0.08 (the graphs
@@ -93,6 +97,7 @@ def uses_v2_runner(
     return default_architecture or not (has_experts or has_state_layers)
 
 
+CONSUMED_ACCOUNTING_SINCE = (0, 27)  # the memory profile counts all the device lost as consumed (above)
 PENALTY_COUNT_BYTES = 4  # int32 per request slot and vocabulary entry (output_bin_counts)
 PROMPT_MASK_BYTES_PER_32 = 4  # one int32 word per 32 vocabulary entries (prompt_bin_mask)
 
@@ -101,6 +106,11 @@ def v2_sampler_state_bytes(*, max_num_seqs: int, vocab_size: int) -> int:
     """Model Runner V2's persistent penalty statistics on one GPU of the last pipeline stage (above)."""
     words = -(-vocab_size // 32)
     return max_num_seqs * (vocab_size * PENALTY_COUNT_BYTES + words * PROMPT_MASK_BYTES_PER_32)
+
+
+def sampler_state_in_budget(version: str | None) -> bool:
+    """Whether the V2 sampler state comes out of the KV budget (0.27 on) or is counted nowhere (0.26)."""
+    return release(version) >= CONSUMED_ACCOUNTING_SINCE
 
 
 def _on(value: Any) -> bool:
@@ -122,6 +132,7 @@ def architectures(config: Mapping[str, Any]) -> list[str]:
 
 
 __all__ = [
+    "CONSUMED_ACCOUNTING_SINCE",
     "V1_ONLY_FLAGS",
     "V2_ENV",
     "V2_FOR_ALL_SINCE",
@@ -129,6 +140,7 @@ __all__ = [
     "V2_GRAPH_PROFILING_SINCE",
     "architectures",
     "graphs_in_budget_on_v2",
+    "sampler_state_in_budget",
     "uses_v2_runner",
     "v2_sampler_state_bytes",
 ]
