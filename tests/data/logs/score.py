@@ -63,7 +63,9 @@ Three scores are printed:
   were frozen again (BLIND24_RULES_SHA256, commit 685d75e: round 23's rules), split and reported like blind 4.
 - blind 25: more logs (`"batch": "issue23-blind25"`) collected by two helpers blind to the classifier with the same
   rules (BLIND25_RULES_SHA256, commit ca888e1: round 23's rules, unchanged), split and reported like blind 4.
-A further line adds up the held-out thirds of blind batches 4-25 (the target of issue 23: 95% on logs no rule saw).
+- blind 26: more logs (`"batch": "issue23-blind26"`) collected by two helpers blind to the classifier after the rules
+  were frozen again (BLIND26_RULES_SHA256, commit a8d2b9a: round 25's rules), split and reported like blind 4.
+A further line adds up the held-out thirds of blind batches 4-26 (the target of issue 23: 95% on logs no rule saw).
 `--frozen-held-out` scores each held-out third with its own batch's frozen rules (read from git: the figure of record)
 and splits the total by `error_shown`: `"error_shown": false` marks a failure excerpt that stops before the line
 stating its error (the error only in the issue's title or prose). Batch 10's were marked when it was collected, before
@@ -193,6 +195,10 @@ BLIND24_RULES_SHA256 = "ae1a3cbf8505296541667a69e0f9f9291ae08769725973d4ff08ac7d
 # split in thirds by the same hash rule as batch 4.
 BLIND25_BATCH = "issue23-blind25"
 BLIND25_RULES_SHA256 = BLIND24_RULES_SHA256
+# The twenty-sixth blind batch: frozen again (commit a8d2b9a, round 25's rules) before any of its logs was collected;
+# split in thirds by the same hash rule as batch 4.
+BLIND26_BATCH = "issue23-blind26"
+BLIND26_RULES_SHA256 = "567fd0da51634367b1b40b6e82cbd279878e7e966a5c2ea3df626573df70b3e1"
 # The batches split in thirds by the hash rule, with the ordinal their lines are printed with.
 SPLIT_BATCHES = {
     BLIND4_BATCH: "a fourth",
@@ -217,6 +223,7 @@ SPLIT_BATCHES = {
     BLIND23_BATCH: "a twenty-third",
     BLIND24_BATCH: "a twenty-fourth",
     BLIND25_BATCH: "a twenty-fifth",
+    BLIND26_BATCH: "a twenty-sixth",
 }
 # Every blind batch, in the order collected, with the diagnose.py its rules were frozen at.
 FROZEN_RULES = {
@@ -245,6 +252,7 @@ FROZEN_RULES = {
     BLIND23_BATCH: BLIND23_RULES_SHA256,
     BLIND24_BATCH: BLIND24_RULES_SHA256,
     BLIND25_BATCH: BLIND25_RULES_SHA256,
+    BLIND26_BATCH: BLIND26_RULES_SHA256,
 }
 _OLD_PHASE_WORDS = (
     ("while profiling", "profiling"),
@@ -258,7 +266,7 @@ _OLD_PHASE_WORDS = (
 
 def is_held_out(name: str, entry: dict[str, Any]) -> bool:
     """The split rule, fixed before the issue-23 logs were scored: a third of that batch (and of blind batches 4, 5,
-    6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24 and 25), by a hash of the name."""
+    6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25 and 26), by a hash of the name."""
     return (entry.get("batch") == HELD_OUT_BATCH or entry.get("batch") in SPLIT_BATCHES) and int(
         hashlib.sha256(name.encode()).hexdigest(), 16
     ) % 3 == 0
@@ -298,6 +306,7 @@ FROZEN_COMMITS = {
     BLIND23_BATCH: "3cb88c21",
     BLIND24_BATCH: "685d75ec",
     BLIND25_BATCH: "ca888e1b",
+    BLIND26_BATCH: "a8d2b9a9",
 }
 
 
