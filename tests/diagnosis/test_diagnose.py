@@ -1283,16 +1283,17 @@ BATCH_SIZES = {
     "issue23-blind24": (10, 2),
     "issue23-blind25": (11, 4),
     "issue23-blind26": (14, 5),
+    "issue23-blind27": (14, 5),
 }
 
 
 def test_cut_excerpts_are_marked_on_failures_of_split_batches_only() -> None:
     # error_shown: false marks a failure excerpt that stops before its error line (score.py --frozen-held-out splits
     # the held-out figure by it): batch 10's 9, batch 11's 9, batch 12's 6, batch 13's 7, batch 14's 1, batch 21's 4,
-    # batch 22's 2, batch 23's 1 and batch 26's 6 when they were collected, 12 of the held-out thirds of batches 4-9
-    # after.
+    # batch 22's 2, batch 23's 1, batch 26's 6 and batch 27's 2 when they were collected, 12 of the held-out thirds of
+    # batches 4-9 after.
     cut = [name for name, entry in INDEX.items() if entry.get("error_shown") is False]
-    assert len(cut) == 57
+    assert len(cut) == 59
     split = set(_score_module().SPLIT_BATCHES)  # type: ignore[attr-defined]
     assert all(INDEX[name]["kind"] != "started" and INDEX[name].get("batch") in split for name in cut)
 
@@ -1488,11 +1489,18 @@ def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.Captu
         in out
     )
     assert "blind batch 26, held-out third: 2/5 logs right" in out
+    # Blind batch 27, frozen at BLIND27_RULES_SHA256 (commit ee8458cb, round 25's rules): the in-sample two thirds 9/9
+    # (one phase label corrected after scoring, from vLLM's source) and the held-out third 5/5.
+    assert (
+        "blind batch 27, in-sample two thirds (collected after the rules froze a twenty-seventh time): 9/9 logs right"
+        in out
+    )
+    assert "blind batch 27, held-out third: 5/5 logs right" in out
     # Round 11's cut-excerpt rule, written after all of batches 4-10 were seen, passes 12 more of them (3 held out);
-    # with batches 11-26, 150/175 and 220/247 now; the held-out figure of record stays each batch's frozen score
-    # (score.py --frozen-held-out: 143/175).
-    assert "held-out thirds of blind batches 4-26: 150/175 logs right" in out and "(7 of them seen before" in out
-    assert "never fitted, together: 220/247 logs right" in out
+    # with batches 11-27, 155/180 and 225/252 now; the held-out figure of record stays each batch's frozen score
+    # (score.py --frozen-held-out: 148/180).
+    assert "held-out thirds of blind batches 4-27: 155/180 logs right" in out and "(7 of them seen before" in out
+    assert "never fitted, together: 225/252 logs right" in out
 
 
 # --- round 4: lines as they reach users, configuration checks by where they raise --------------------------------

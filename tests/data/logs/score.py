@@ -65,7 +65,9 @@ Three scores are printed:
   rules (BLIND25_RULES_SHA256, commit ca888e1: round 23's rules, unchanged), split and reported like blind 4.
 - blind 26: more logs (`"batch": "issue23-blind26"`) collected by two helpers blind to the classifier after the rules
   were frozen again (BLIND26_RULES_SHA256, commit a8d2b9a: round 25's rules), split and reported like blind 4.
-A further line adds up the held-out thirds of blind batches 4-26 (the target of issue 23: 95% on logs no rule saw).
+- blind 27: more logs (`"batch": "issue23-blind27"`) collected by two helpers blind to the classifier with the same
+  rules (BLIND27_RULES_SHA256, commit ee8458c: round 25's rules, unchanged), split and reported like blind 4.
+A further line adds up the held-out thirds of blind batches 4-27 (the target of issue 23: 95% on logs no rule saw).
 `--frozen-held-out` scores each held-out third with its own batch's frozen rules (read from git: the figure of record)
 and splits the total by `error_shown`: `"error_shown": false` marks a failure excerpt that stops before the line
 stating its error (the error only in the issue's title or prose). Batch 10's were marked when it was collected, before
@@ -199,6 +201,10 @@ BLIND25_RULES_SHA256 = BLIND24_RULES_SHA256
 # split in thirds by the same hash rule as batch 4.
 BLIND26_BATCH = "issue23-blind26"
 BLIND26_RULES_SHA256 = "567fd0da51634367b1b40b6e82cbd279878e7e966a5c2ea3df626573df70b3e1"
+# The twenty-seventh blind batch: the same rules still frozen (commit ee8458c) before any of its logs was collected;
+# split in thirds by the same hash rule as batch 4.
+BLIND27_BATCH = "issue23-blind27"
+BLIND27_RULES_SHA256 = BLIND26_RULES_SHA256
 # The batches split in thirds by the hash rule, with the ordinal their lines are printed with.
 SPLIT_BATCHES = {
     BLIND4_BATCH: "a fourth",
@@ -224,6 +230,7 @@ SPLIT_BATCHES = {
     BLIND24_BATCH: "a twenty-fourth",
     BLIND25_BATCH: "a twenty-fifth",
     BLIND26_BATCH: "a twenty-sixth",
+    BLIND27_BATCH: "a twenty-seventh",
 }
 # Every blind batch, in the order collected, with the diagnose.py its rules were frozen at.
 FROZEN_RULES = {
@@ -253,6 +260,7 @@ FROZEN_RULES = {
     BLIND24_BATCH: BLIND24_RULES_SHA256,
     BLIND25_BATCH: BLIND25_RULES_SHA256,
     BLIND26_BATCH: BLIND26_RULES_SHA256,
+    BLIND27_BATCH: BLIND27_RULES_SHA256,
 }
 _OLD_PHASE_WORDS = (
     ("while profiling", "profiling"),
@@ -266,7 +274,7 @@ _OLD_PHASE_WORDS = (
 
 def is_held_out(name: str, entry: dict[str, Any]) -> bool:
     """The split rule, fixed before the issue-23 logs were scored: a third of that batch (and of blind batches 4, 5,
-    6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25 and 26), by a hash of the name."""
+    6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26 and 27), by a hash of the name."""
     return (entry.get("batch") == HELD_OUT_BATCH or entry.get("batch") in SPLIT_BATCHES) and int(
         hashlib.sha256(name.encode()).hexdigest(), 16
     ) % 3 == 0
@@ -307,6 +315,7 @@ FROZEN_COMMITS = {
     BLIND24_BATCH: "685d75ec",
     BLIND25_BATCH: "ca888e1b",
     BLIND26_BATCH: "a8d2b9a9",
+    BLIND27_BATCH: "ee8458cb",
 }
 
 
