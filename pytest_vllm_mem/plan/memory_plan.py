@@ -21,6 +21,7 @@ from pytest_vllm_mem.plan import refusals
 from pytest_vllm_mem.plan.auto_fit import CANNOT_AUTO_FIT, auto_fit_requested, fitted_max_model_len
 from pytest_vllm_mem.plan.batch_defaults import batch_defaults
 from pytest_vllm_mem.plan.cudagraphs import FULL_CAPTURE_SIZES, capture_sizes, full_cudagraphs
+from pytest_vllm_mem.plan.encoder_profile import ENCODER_PROFILE_HEADROOM, encoder_profiled
 from pytest_vllm_mem.plan.errors import PlanError, PlanRefused, PlanUnsupported
 from pytest_vllm_mem.plan.json_flags import json_flag, switch_on
 from pytest_vllm_mem.plan.kv_layout import KVLayout, layout
@@ -683,6 +684,7 @@ class _Setup:
     auto_fit_limit: int = 0  # --max-model-len auto: the model's own limit, which vLLM profiles with (auto_fit.py)
     expert_parallel: bool = False  # --enable-expert-parallel: each rank holds whole experts (profile_peak.py)
     v2_runner: bool = False  # vLLM's Model Runner V2 runs the config (model_runner.py)
+    encoder_profiled: bool = False  # vLLM profiles a multimodal encoder first, which the plan does not model
 
 
 @dataclass(frozen=True)
@@ -848,6 +850,8 @@ def _setup(
         full_graphs=full_cudagraphs(flags),
         expert_parallel=switch_on(flags, "enable_expert_parallel"),
         v2_runner=v2,
+        encoder_profiled=not cpu
+        and encoder_profiled(has_towers=bool(info.vision_params or info.audio_params), flags=flags),
         lora_bytes=lora_bytes(info, slots=slots, rank=rank, tp=tp, dtype=dtype) if lora else 0,
         lora_vocab=lora_vocab_bytes(info, slots=slots, rank=rank, dtype=dtype) if lora else (0, 0),
     )
@@ -923,6 +927,8 @@ def _gpu_budget(
         non_torch = Estimate(non_torch.value + state, non_torch.low + state, non_torch.high + state, non_torch.source)
     by_count = s.graph_in_budget and not (info.state is not None and release(s.version) >= GDN_TRANSIENT_SINCE)
     graph = gpu_graphs(info, eager=s.eager, max_num_seqs=s.seqs, tp=s.tp, in_budget=by_count, batched_tokens=s.batched)
+    if s.encoder_profiled and start == 0:  # the towers sit on the first stage; their profile is not modelled
+        activation = Estimate(activation.value, activation.low, activation.high + ENCODER_PROFILE_HEADROOM, "estimate")
     if cal.activation_bytes is not None:
         activation = Estimate.exact(cal.activation_bytes, "calibrated")
     if cal.non_torch_bytes is not None:
@@ -1156,6 +1162,12 @@ def _notes(info: ModelInfo, s: _Setup, b: _Budget, stages: int) -> list[str]:
     if info.vision_params or info.audio_params:
         towers = info.vision_params + info.audio_params
         notes.append(f"weights include the model's towers (~{towers / 1e9:.2f}B parameters)")
+    if s.encoder_profiled:
+        notes.append(
+            "vLLM first profiles the multimodal encoder with its largest dummy items, which the plan does not model: "
+            f"the KV cache may be up to {ENCODER_PROFILE_HEADROOM / GIB:.0f} GiB smaller than planned (limit_mm_per_"
+            "prompt of 0 for every modality, --language-model-only or --skip-mm-profiling turn that profile off)"
+        )
     if info.model_type.startswith("gemma3n"):
         notes.append("Gemma 3n: its AltUp and LAuReL blocks and its MobileNet/audio towers are not in the weights")
     if s.lora_bytes:

@@ -126,3 +126,28 @@ def test_model_runner_v2_s_sampler_state_is_consumed_beside_the_weights_as_the_s
     staged_v1 = plan(qwen, staged, card, vllm_version="0.28.0", env={"VLLM_USE_V2_MODEL_RUNNER": "0"})
     assert staged_v2.non_torch.value - staged_v1.non_torch.value == state
     assert any("stage 2 of 2" in note for note in staged_v2.notes)
+
+
+def test_a_multimodal_encoder_s_profile_widens_the_range_and_says_so() -> None:
+    # A public 0.11.0 start (search-index file id 42514581982): Qwen3-VL-30B-A3B at TP 4 on four RTX 3090s, 'Encoder
+    # cache will be initialized with a budget of 153600 tokens, and profiled with 1 video items of the maximum feature
+    # size', 'Available KV cache memory: 2.31 GiB'. The plan's 5.75 GiB had a range whose low end (3.44) missed it.
+    card = Card("cuda", "NVIDIA GeForce RTX 3090", int(23.56 * GIB), nvlink=False)
+    qwen = model("Qwen/Qwen3-VL-30B-A3B-Instruct")
+    flags = {"tensor_parallel_size": 4, "max_model_len": 65536, "gpu_memory_utilization": 0.9}
+    profiled = plan(qwen, flags, card, vllm_version="0.11.0")
+    assert profiled.kv_bytes.low / GIB < 2.31 < profiled.kv_bytes.value / GIB
+    assert not profiled.sure and any("multimodal encoder" in note for note in profiled.notes)
+    # No modality may be passed, or the profile is skipped: nothing to widen.
+    for off in (
+        {"limit_mm_per_prompt": {"image": 0, "video": 0}},
+        {"limit_mm_per_prompt": '{"image": 0, "video": {"count": 0}}'},
+        {"skip_mm_profiling": True},
+        {"language_model_only": True},
+    ):
+        quiet = plan(qwen, {**flags, **off}, card, vllm_version="0.11.0")
+        assert quiet.activation.high < profiled.activation.high, off
+        assert not any("multimodal encoder" in note for note in quiet.notes), off
+    # A text-only model has no encoder to profile.
+    text = plan(model("Qwen/Qwen3-30B-A3B"), {**flags, "max_model_len": 32768}, card, vllm_version="0.11.0")
+    assert not any("multimodal encoder" in note for note in text.notes)
