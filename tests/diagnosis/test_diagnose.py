@@ -1284,6 +1284,7 @@ BATCH_SIZES = {
     "issue23-blind25": (11, 4),
     "issue23-blind26": (14, 5),
     "issue23-blind27": (14, 5),
+    "issue23-blind28": (16, 4),
 }
 
 
@@ -1496,11 +1497,17 @@ def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.Captu
         in out
     )
     assert "blind batch 27, held-out third: 5/5 logs right" in out
+    # Blind batch 28, frozen at BLIND28_RULES_SHA256 (commit 3a1ed2b2, round 25's rules): 12/12 and 4/4.
+    assert (
+        "blind batch 28, in-sample two thirds (collected after the rules froze a twenty-eighth time): 12/12 logs right"
+        in out
+    )
+    assert "blind batch 28, held-out third: 4/4 logs right" in out
     # Round 11's cut-excerpt rule, written after all of batches 4-10 were seen, passes 12 more of them (3 held out);
-    # with batches 11-27, 155/180 and 225/252 now; the held-out figure of record stays each batch's frozen score
-    # (score.py --frozen-held-out: 148/180).
-    assert "held-out thirds of blind batches 4-27: 155/180 logs right" in out and "(7 of them seen before" in out
-    assert "never fitted, together: 225/252 logs right" in out
+    # with batches 11-28, 159/184 and 229/256 now; the held-out figure of record stays each batch's frozen score
+    # (score.py --frozen-held-out: 152/184).
+    assert "held-out thirds of blind batches 4-28: 159/184 logs right" in out and "(7 of them seen before" in out
+    assert "never fitted, together: 229/256 logs right" in out
 
 
 # --- round 4: lines as they reach users, configuration checks by where they raise --------------------------------

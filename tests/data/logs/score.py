@@ -67,7 +67,9 @@ Three scores are printed:
   were frozen again (BLIND26_RULES_SHA256, commit a8d2b9a: round 25's rules), split and reported like blind 4.
 - blind 27: more logs (`"batch": "issue23-blind27"`) collected by two helpers blind to the classifier with the same
   rules (BLIND27_RULES_SHA256, commit ee8458c: round 25's rules, unchanged), split and reported like blind 4.
-A further line adds up the held-out thirds of blind batches 4-27 (the target of issue 23: 95% on logs no rule saw).
+- blind 28: more logs (`"batch": "issue23-blind28"`) collected by two helpers blind to the classifier with the same
+  rules (BLIND28_RULES_SHA256, commit 3a1ed2b: round 25's rules, unchanged), split and reported like blind 4.
+A further line adds up the held-out thirds of blind batches 4-28 (the target of issue 23: 95% on logs no rule saw).
 `--frozen-held-out` scores each held-out third with its own batch's frozen rules (read from git: the figure of record)
 and splits the total by `error_shown`: `"error_shown": false` marks a failure excerpt that stops before the line
 stating its error (the error only in the issue's title or prose). Batch 10's were marked when it was collected, before
@@ -205,6 +207,10 @@ BLIND26_RULES_SHA256 = "567fd0da51634367b1b40b6e82cbd279878e7e966a5c2ea3df626573
 # split in thirds by the same hash rule as batch 4.
 BLIND27_BATCH = "issue23-blind27"
 BLIND27_RULES_SHA256 = BLIND26_RULES_SHA256
+# The twenty-eighth blind batch: the same rules still frozen (commit 3a1ed2b) before any of its logs was collected;
+# split in thirds by the same hash rule as batch 4.
+BLIND28_BATCH = "issue23-blind28"
+BLIND28_RULES_SHA256 = BLIND26_RULES_SHA256
 # The batches split in thirds by the hash rule, with the ordinal their lines are printed with.
 SPLIT_BATCHES = {
     BLIND4_BATCH: "a fourth",
@@ -231,6 +237,7 @@ SPLIT_BATCHES = {
     BLIND25_BATCH: "a twenty-fifth",
     BLIND26_BATCH: "a twenty-sixth",
     BLIND27_BATCH: "a twenty-seventh",
+    BLIND28_BATCH: "a twenty-eighth",
 }
 # Every blind batch, in the order collected, with the diagnose.py its rules were frozen at.
 FROZEN_RULES = {
@@ -261,6 +268,7 @@ FROZEN_RULES = {
     BLIND25_BATCH: BLIND25_RULES_SHA256,
     BLIND26_BATCH: BLIND26_RULES_SHA256,
     BLIND27_BATCH: BLIND27_RULES_SHA256,
+    BLIND28_BATCH: BLIND28_RULES_SHA256,
 }
 _OLD_PHASE_WORDS = (
     ("while profiling", "profiling"),
@@ -274,7 +282,7 @@ _OLD_PHASE_WORDS = (
 
 def is_held_out(name: str, entry: dict[str, Any]) -> bool:
     """The split rule, fixed before the issue-23 logs were scored: a third of that batch (and of blind batches 4, 5,
-    6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26 and 27), by a hash of the name."""
+    6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27 and 28), by a hash of the name."""
     return (entry.get("batch") == HELD_OUT_BATCH or entry.get("batch") in SPLIT_BATCHES) and int(
         hashlib.sha256(name.encode()).hexdigest(), 16
     ) % 3 == 0
@@ -316,6 +324,7 @@ FROZEN_COMMITS = {
     BLIND25_BATCH: "ca888e1b",
     BLIND26_BATCH: "a8d2b9a9",
     BLIND27_BATCH: "ee8458cb",
+    BLIND28_BATCH: "3a1ed2b2",
 }
 
 
