@@ -602,6 +602,8 @@ _KV_INSUFFICIENT = re.compile(
     r"No available memory for the cache blocks|KV cache is needed, which is larger than the available KV cache memory"
     r"|max seq len \(\d+\) is larger than the maximum number of tokens that can be stored in KV cache"
     r"|To serve at least one request with the models?'s? max seq len"  # the start survives a wrapped terminal
+    # the check's figure as users quote it, shortened ("1.75 GiB KV cache is needed, available 0.13 GiB")
+    r"|\d(?:\.\d+)?\s*GiB KV cache is needed"
     # A hybrid (Mamba / linear-attention) model keeps one state block per running sequence in a pool sized from the
     # same memory budget as the KV cache; vLLM's compilation config refuses a max_num_seqs the pool cannot hold.
     r"|exceeds available Mamba cache blocks"

@@ -1285,16 +1285,17 @@ BATCH_SIZES = {
     "issue23-blind26": (14, 5),
     "issue23-blind27": (14, 5),
     "issue23-blind28": (16, 4),
+    "issue23-blind29": (10, 4),
 }
 
 
 def test_cut_excerpts_are_marked_on_failures_of_split_batches_only() -> None:
     # error_shown: false marks a failure excerpt that stops before its error line (score.py --frozen-held-out splits
     # the held-out figure by it): batch 10's 9, batch 11's 9, batch 12's 6, batch 13's 7, batch 14's 1, batch 21's 4,
-    # batch 22's 2, batch 23's 1, batch 26's 6 and batch 27's 2 when they were collected, 12 of the held-out thirds of
-    # batches 4-9 after.
+    # batch 22's 2, batch 23's 1, batch 26's 6, batch 27's 2 and batch 29's 6 when they were collected, 12 of the
+    # held-out thirds of batches 4-9 after.
     cut = [name for name, entry in INDEX.items() if entry.get("error_shown") is False]
-    assert len(cut) == 59
+    assert len(cut) == 65
     split = set(_score_module().SPLIT_BATCHES)  # type: ignore[attr-defined]
     assert all(INDEX[name]["kind"] != "started" and INDEX[name].get("batch") in split for name in cut)
 
@@ -1503,11 +1504,19 @@ def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.Captu
         in out
     )
     assert "blind batch 28, held-out third: 4/4 logs right" in out
+    # Blind batch 29, frozen at BLIND29_RULES_SHA256 (commit 102b5ac9, round 25's rules): the in-sample two thirds 1/6
+    # frozen, 2/6 with round 29's rule (the rest cut before their error or doubtful, known_miss), the held-out third
+    # 2/4 (both misses cut before their error).
+    assert (
+        "blind batch 29, in-sample two thirds (collected after the rules froze a twenty-ninth time): 2/6 logs right"
+        in out
+    )
+    assert "blind batch 29, held-out third: 2/4 logs right" in out
     # Round 11's cut-excerpt rule, written after all of batches 4-10 were seen, passes 12 more of them (3 held out);
-    # with batches 11-28, 159/184 and 229/256 now; the held-out figure of record stays each batch's frozen score
-    # (score.py --frozen-held-out: 152/184).
-    assert "held-out thirds of blind batches 4-28: 159/184 logs right" in out and "(7 of them seen before" in out
-    assert "never fitted, together: 229/256 logs right" in out
+    # with batches 11-29, 161/188 and 231/260 now; the held-out figure of record stays each batch's frozen score
+    # (score.py --frozen-held-out: 154/188).
+    assert "held-out thirds of blind batches 4-29: 161/188 logs right" in out and "(7 of them seen before" in out
+    assert "never fitted, together: 231/260 logs right" in out
 
 
 # --- round 4: lines as they reach users, configuration checks by where they raise --------------------------------
@@ -1962,3 +1971,12 @@ def test_tpu_inference_s_precompilation_is_its_graph_capture() -> None:
     # worker calls capture_model. The frozen rules gave no phase.
     text = (LOGS / "tpu-0.2x-vmem-oom-precompile-qwen3vl8b-v7x-tpuinference2803.log").read_text()
     assert (classify_failure(text, 1).kind, classify_failure(text, 1).phase) == ("cuda_oom", "graph_capture")
+
+
+def test_the_kv_check_s_figure_quoted_short_is_still_the_kv_check() -> None:
+    # Round 29, written on blind batch 29's in-sample third: allenai/olmocr#269 quotes vLLM's KV check shortened to
+    # "ValueError: 1.75 GiB KV cache is needed, available 0.13 GiB"; the frozen rules read a crash. vLLM's own wording
+    # ("... (1.75 GiB KV cache is needed, which is larger than the available KV cache memory (0.13 GiB)") was read.
+    text = (LOGS / "gpu-0.9-kvcache-olmocr-rtx4090-olmocr269.log").read_text()
+    assert classify_failure(text, 1).kind == "kv_cache_insufficient"
+    assert classify_failure("ValueError: no KV cache is needed for an encoder-only model\n", 1).kind == "crash"

@@ -69,7 +69,9 @@ Three scores are printed:
   rules (BLIND27_RULES_SHA256, commit ee8458c: round 25's rules, unchanged), split and reported like blind 4.
 - blind 28: more logs (`"batch": "issue23-blind28"`) collected by two helpers blind to the classifier with the same
   rules (BLIND28_RULES_SHA256, commit 3a1ed2b: round 25's rules, unchanged), split and reported like blind 4.
-A further line adds up the held-out thirds of blind batches 4-28 (the target of issue 23: 95% on logs no rule saw).
+- blind 29: more logs (`"batch": "issue23-blind29"`) collected by two helpers blind to the classifier with the same
+  rules (BLIND29_RULES_SHA256, commit 102b5ac: round 25's rules, unchanged), split and reported like blind 4.
+A further line adds up the held-out thirds of blind batches 4-29 (the target of issue 23: 95% on logs no rule saw).
 `--frozen-held-out` scores each held-out third with its own batch's frozen rules (read from git: the figure of record)
 and splits the total by `error_shown`: `"error_shown": false` marks a failure excerpt that stops before the line
 stating its error (the error only in the issue's title or prose). Batch 10's were marked when it was collected, before
@@ -211,6 +213,10 @@ BLIND27_RULES_SHA256 = BLIND26_RULES_SHA256
 # split in thirds by the same hash rule as batch 4.
 BLIND28_BATCH = "issue23-blind28"
 BLIND28_RULES_SHA256 = BLIND26_RULES_SHA256
+# The twenty-ninth blind batch: the same rules still frozen (commit 102b5ac) before any of its logs was collected;
+# split in thirds by the same hash rule as batch 4.
+BLIND29_BATCH = "issue23-blind29"
+BLIND29_RULES_SHA256 = BLIND26_RULES_SHA256
 # The batches split in thirds by the hash rule, with the ordinal their lines are printed with.
 SPLIT_BATCHES = {
     BLIND4_BATCH: "a fourth",
@@ -238,6 +244,7 @@ SPLIT_BATCHES = {
     BLIND26_BATCH: "a twenty-sixth",
     BLIND27_BATCH: "a twenty-seventh",
     BLIND28_BATCH: "a twenty-eighth",
+    BLIND29_BATCH: "a twenty-ninth",
 }
 # Every blind batch, in the order collected, with the diagnose.py its rules were frozen at.
 FROZEN_RULES = {
@@ -269,6 +276,7 @@ FROZEN_RULES = {
     BLIND26_BATCH: BLIND26_RULES_SHA256,
     BLIND27_BATCH: BLIND27_RULES_SHA256,
     BLIND28_BATCH: BLIND28_RULES_SHA256,
+    BLIND29_BATCH: BLIND29_RULES_SHA256,
 }
 _OLD_PHASE_WORDS = (
     ("while profiling", "profiling"),
@@ -282,7 +290,7 @@ _OLD_PHASE_WORDS = (
 
 def is_held_out(name: str, entry: dict[str, Any]) -> bool:
     """The split rule, fixed before the issue-23 logs were scored: a third of that batch (and of blind batches 4, 5,
-    6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27 and 28), by a hash of the name."""
+    6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28 and 29), by a hash of the name."""
     return (entry.get("batch") == HELD_OUT_BATCH or entry.get("batch") in SPLIT_BATCHES) and int(
         hashlib.sha256(name.encode()).hexdigest(), 16
     ) % 3 == 0
@@ -325,6 +333,7 @@ FROZEN_COMMITS = {
     BLIND26_BATCH: "a8d2b9a9",
     BLIND27_BATCH: "ee8458cb",
     BLIND28_BATCH: "3a1ed2b2",
+    BLIND29_BATCH: "102b5ac9",
 }
 
 
