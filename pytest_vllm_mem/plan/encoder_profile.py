@@ -35,9 +35,7 @@ def encoder_profiled(*, has_towers: bool, flags: Mapping[str, Any]) -> bool:
     if not has_towers or switch_on(flags, "skip_mm_profiling") or switch_on(flags, "language_model_only"):
         return False
     limits = json_flag(flags, "limit_mm_per_prompt")
-    if limits is None:
-        return True
-    return any(_count(value) > 0 for value in limits.values()) if limits else True
+    return not limits or any(_count(value) > 0 for value in limits.values())
 
 
 def _count(value: Any) -> int:

@@ -86,6 +86,10 @@ class Estimate:
     def exact(cls, value: int, source: str = "exact") -> Estimate:
         return cls(value, value, value, source)
 
+    def plus(self, extra: int, source: str | None = None) -> Estimate:
+        """The figure with `extra` bytes held at every end of its range (a fixed buffer beside it)."""
+        return Estimate(self.value + extra, self.low + extra, self.high + extra, source or self.source)
+
     def to_dict(self) -> dict[str, Any]:
         return {"value": self.value, "low": self.low, "high": self.high, "source": self.source}
 
@@ -905,7 +909,7 @@ def _gpu_budget(
     if s.lora_bytes:  # the stage's share of the LoRA slots, beside the weights in what vLLM logs as model loading
         extra = s.lora_bytes * (end - start) // max(1, info.num_layers)
         extra += (s.lora_vocab[0] if start == 0 else 0) + (s.lora_vocab[1] if end >= info.num_layers else 0)
-        weights = Estimate(weights.value + extra, weights.low + extra, weights.high + extra, weights.source)
+        weights = weights.plus(extra)
     if cal.weights_bytes:
         weights = Estimate.exact(cal.weights_bytes, "calibrated")
     activation = gpu_activation(
@@ -923,8 +927,7 @@ def _gpu_budget(
     non_torch = gpu_non_torch(s.tp * s.pp, card.nvlink, card.name)
     # V2's sampler state, consumed beside the weights (model_runner.py)
     if s.v2_runner and end >= info.num_layers and sampler_state_in_budget(s.version):
-        state = v2_sampler_state_bytes(max_num_seqs=s.seqs, vocab_size=info.vocab_size)
-        non_torch = Estimate(non_torch.value + state, non_torch.low + state, non_torch.high + state, non_torch.source)
+        non_torch = non_torch.plus(v2_sampler_state_bytes(max_num_seqs=s.seqs, vocab_size=info.vocab_size))
     by_count = s.graph_in_budget and not (info.state is not None and release(s.version) >= GDN_TRANSIENT_SINCE)
     graph = gpu_graphs(info, eager=s.eager, max_num_seqs=s.seqs, tp=s.tp, in_budget=by_count, batched_tokens=s.batched)
     if s.encoder_profiled and start == 0:  # the towers sit on the first stage; their profile is not modelled
@@ -964,9 +967,7 @@ def _cpu_budget(info: ModelInfo, s: _Setup, cal: Calibration, quantization: str 
     zero = Estimate.exact(0, "cpu")
     if s.explicit_kv is not None:
         kv = Estimate.exact(s.explicit_kv, "flag")
-        worker = Estimate(
-            non_kv.value + s.explicit_kv, non_kv.low + s.explicit_kv, non_kv.high + s.explicit_kv, "estimate"
-        )
+        worker = non_kv.plus(s.explicit_kv, "estimate")
     else:
         source = "calibrated" if cal.cpu_non_kv_bytes else "estimate"
         kv = Estimate(s.requested - non_kv.value, s.requested - non_kv.high, s.requested - non_kv.low, source)

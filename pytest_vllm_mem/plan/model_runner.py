@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pytest_vllm_mem.plan.modelinfo import ceil_div
 from pytest_vllm_mem.versions import release_or_latest as release
 
 V2_FOR_DENSE_SINCE = (0, 26)
@@ -104,8 +105,7 @@ PROMPT_MASK_BYTES_PER_32 = 4  # one int32 word per 32 vocabulary entries (prompt
 
 def v2_sampler_state_bytes(*, max_num_seqs: int, vocab_size: int) -> int:
     """Model Runner V2's persistent penalty statistics on one GPU of the last pipeline stage (above)."""
-    words = -(-vocab_size // 32)
-    return max_num_seqs * (vocab_size * PENALTY_COUNT_BYTES + words * PROMPT_MASK_BYTES_PER_32)
+    return max_num_seqs * (vocab_size * PENALTY_COUNT_BYTES + ceil_div(vocab_size, 32) * PROMPT_MASK_BYTES_PER_32)
 
 
 def sampler_state_in_budget(version: str | None) -> bool:

@@ -289,8 +289,8 @@ _OLD_PHASE_WORDS = (
 
 
 def is_held_out(name: str, entry: dict[str, Any]) -> bool:
-    """The split rule, fixed before the issue-23 logs were scored: a third of that batch (and of blind batches 4, 5,
-    6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28 and 29), by a hash of the name."""
+    """The split rule, fixed before the issue-23 logs were scored: a third of that batch (and of every batch in
+    SPLIT_BATCHES, blind batches 4 on), by a hash of the name."""
     return (entry.get("batch") == HELD_OUT_BATCH or entry.get("batch") in SPLIT_BATCHES) and int(
         hashlib.sha256(name.encode()).hexdigest(), 16
     ) % 3 == 0
