@@ -55,6 +55,7 @@ from pytest_vllm_mem.plan.model_runner import (
     v2_sampler_state_bytes,
 )
 from pytest_vllm_mem.plan.modelinfo import ModelInfo, ModelInfoError, ceil_div, dtype_bytes, with_hf_overrides
+from pytest_vllm_mem.plan.pinned_segments import segments_may_pin
 from pytest_vllm_mem.plan.profile_peak import moe_workspace_bytes, sampler_pass_bytes
 from pytest_vllm_mem.plan.speculative import Speculative, check_drafter, is_mtp, mtp_layers, speculative
 from pytest_vllm_mem.plan.weights import architecture_weight_bytes
@@ -934,6 +935,8 @@ def _gpu_budget(
         activation = Estimate(activation.value, activation.low, activation.high + ENCODER_PROFILE_HEADROOM, "estimate")
     if cal.activation_bytes is not None:
         activation = Estimate.exact(cal.activation_bytes, "calibrated")
+    if segments_may_pin(s.version):  # freed profile segments may be counted as consumed (pinned_segments.py)
+        non_torch = Estimate(non_torch.value, non_torch.low, non_torch.high + activation.high, "estimate")
     if cal.non_torch_bytes is not None:
         non_torch = Estimate.exact(cal.non_torch_bytes, "calibrated")
     if cal.graph_bytes is not None and not s.eager:
@@ -1168,6 +1171,11 @@ def _notes(info: ModelInfo, s: _Setup, b: _Budget, stages: int) -> list[str]:
             "vLLM first profiles the multimodal encoder with its largest dummy items, which the plan does not model: "
             f"the KV cache may be up to {ENCODER_PROFILE_HEADROOM / GIB:.0f} GiB smaller than planned (limit_mm_per_"
             "prompt of 0 for every modality, --language-model-only or --skip-mm-profiling turn that profile off)"
+        )
+    if not s.cpu and segments_may_pin(s.version):
+        notes.append(
+            f"vLLM {s.version} may count allocator segments its profile run freed but could not release as consumed "
+            f"memory (fixed in 0.31): the KV cache may be up to {format_bytes(b.activation.high)} smaller than planned"
         )
     if info.model_type.startswith("gemma3n"):
         notes.append("Gemma 3n: its AltUp and LAuReL blocks and its MobileNet/audio towers are not in the weights")

