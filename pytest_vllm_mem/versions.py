@@ -109,11 +109,14 @@ def release_or_latest(version: str | None) -> tuple[int, int]:
 
 
 # vLLM's gpu_memory_utilization when a config sets none: 0.92 in the CacheConfig of 0.27.1, 0.32.0 and 0.33.0 (read
-# in their installed sources), 0.9 in the 0.6 docs (docs.vllm.ai/en/v0.6.4/models/engine_args.html). Which release
-# between moved it is not checked: 0.27 is the oldest seen at 0.92. The installed vLLM's own parser default, where
+# in their installed sources) and of 0.25.0 (quoted from its source in a public ops guide, search-index file id
+# 67514956263; a public 0.25.1 start on two RTX 4090s leaves the same 0.61 GiB beside weights and KV at the default
+# as at an explicit 0.88 only if the default is 0.92), 0.9 in the 0.6 docs
+# (docs.vllm.ai/en/v0.6.4/models/engine_args.html) and in 0.15-0.19 starts. Which release between 0.20 and 0.25 moved
+# it is not checked: 0.25 is the oldest seen at 0.92. The installed vLLM's own parser default, where
 # it can be read (flagcheck.ParserTable), comes first.
 DEFAULT_UTILIZATION = 0.92
-DEFAULT_UTILIZATION_BEFORE = ((0, 27), 0.9)
+DEFAULT_UTILIZATION_BEFORE = ((0, 25), 0.9)
 
 
 def default_utilization(version: str | None) -> float:

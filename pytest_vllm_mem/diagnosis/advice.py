@@ -540,6 +540,12 @@ def _bad_flag(diagnosis: Diagnosis, config: VLLMConfig, memory: StartupMemory | 
 
 
 def _timeout(diagnosis: Diagnosis) -> list[str]:
+    if diagnosis.figures.get("worker_rpc_timeout"):  # a worker stopped answering; the startup timeout is not it
+        return [
+            f"{diagnosis.summary}: a step slower than the wait can be given longer with "
+            "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (300 s by default); a worker stuck on its device needs the device's "
+            "logs (dmesg, the driver's) and a restart",
+        ]
     limit = diagnosis.figures.get("timeout_s")
     shown = f" {limit:g} s" if limit else ""
     return [

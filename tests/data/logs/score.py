@@ -71,7 +71,9 @@ Three scores are printed:
   rules (BLIND28_RULES_SHA256, commit 3a1ed2b: round 25's rules, unchanged), split and reported like blind 4.
 - blind 29: more logs (`"batch": "issue23-blind29"`) collected by two helpers blind to the classifier with the same
   rules (BLIND29_RULES_SHA256, commit 102b5ac: round 25's rules, unchanged), split and reported like blind 4.
-A further line adds up the held-out thirds of blind batches 4-29 (the target of issue 23: 95% on logs no rule saw).
+- blind 30: more logs (`"batch": "issue23-blind30"`) collected by two helpers blind to the classifier with the
+  rules frozen again (BLIND30_RULES_SHA256, commit 70b8f33: round 29's rules), split and reported like blind 4.
+A further line adds up the held-out thirds of blind batches 4-30 (the target of issue 23: 95% on logs no rule saw).
 `--frozen-held-out` scores each held-out third with its own batch's frozen rules (read from git: the figure of record)
 and splits the total by `error_shown`: `"error_shown": false` marks a failure excerpt that stops before the line
 stating its error (the error only in the issue's title or prose). Batch 10's were marked when it was collected, before
@@ -217,6 +219,10 @@ BLIND28_RULES_SHA256 = BLIND26_RULES_SHA256
 # split in thirds by the same hash rule as batch 4.
 BLIND29_BATCH = "issue23-blind29"
 BLIND29_RULES_SHA256 = BLIND26_RULES_SHA256
+# The thirtieth blind batch: frozen again (commit 70b8f33, round 29's rules) before any of its logs was collected;
+# split in thirds by the same hash rule as batch 4.
+BLIND30_BATCH = "issue23-blind30"
+BLIND30_RULES_SHA256 = "7659080534ebc80980062a6a11a112e19b9ec966e40e272cc5a5efe35a5ad46f"
 # The batches split in thirds by the hash rule, with the ordinal their lines are printed with.
 SPLIT_BATCHES = {
     BLIND4_BATCH: "a fourth",
@@ -245,6 +251,7 @@ SPLIT_BATCHES = {
     BLIND27_BATCH: "a twenty-seventh",
     BLIND28_BATCH: "a twenty-eighth",
     BLIND29_BATCH: "a twenty-ninth",
+    BLIND30_BATCH: "a thirtieth",
 }
 # Every blind batch, in the order collected, with the diagnose.py its rules were frozen at.
 FROZEN_RULES = {
@@ -277,6 +284,7 @@ FROZEN_RULES = {
     BLIND27_BATCH: BLIND27_RULES_SHA256,
     BLIND28_BATCH: BLIND28_RULES_SHA256,
     BLIND29_BATCH: BLIND29_RULES_SHA256,
+    BLIND30_BATCH: BLIND30_RULES_SHA256,
 }
 _OLD_PHASE_WORDS = (
     ("while profiling", "profiling"),
@@ -334,6 +342,7 @@ FROZEN_COMMITS = {
     BLIND27_BATCH: "ee8458cb",
     BLIND28_BATCH: "3a1ed2b2",
     BLIND29_BATCH: "102b5ac9",
+    BLIND30_BATCH: "70b8f33f",
 }
 
 
