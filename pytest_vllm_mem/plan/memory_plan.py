@@ -185,7 +185,11 @@ class Plan:
         else:
             out.append(f"  activation  {self.activation.gib()} [{self.activation.source}]")
             out.append(f"  non-torch   {self.non_torch.gib()} [{self.non_torch.source}]")
-            where = "subtracted from the KV budget" if self.graph_in_budget else "outside the budget (vLLM < 0.21)"
+            where = "subtracted from the KV budget"
+            if not self.graph_in_budget and release(self.vllm_version) >= GRAPH_IN_BUDGET_SINCE:
+                where = "outside the budget (Model Runner V2 profiles no graphs before 0.29)"
+            elif not self.graph_in_budget:
+                where = "outside the budget (vLLM < 0.21)"
             out.append(f"  CUDA graphs {self.graph.gib()} [{self.graph.source}], {where}")
         out.append(
             f"  KV cache    {self.kv_bytes.gib()} [{self.kv_bytes.source}] / {self.kv_bytes_per_token:,} "

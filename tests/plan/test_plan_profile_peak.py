@@ -169,3 +169,18 @@ def test_releases_that_may_count_freed_profile_segments_as_consumed_widen_the_kv
     assert not any("fixed in 0.31" in note for note in fixed.notes)
     # 0.26 added the profile's torch peak instead of the device's loss: nothing to pin there.
     assert not any("fixed in 0.31" in note for note in plan(qwen, flags, card, vllm_version="0.26.0").notes)
+
+
+def test_the_plan_says_why_the_graphs_are_outside_the_budget() -> None:
+    # On 0.25-0.28 a dense model runs on Model Runner V2, whose graph profiling returns 0: the graphs are outside the
+    # budget although the release is past 0.21 (the plan's text said "vLLM < 0.21").
+    card = Card("cuda", "NVIDIA GeForce RTX 4090", int(23.52 * GIB), nvlink=False)
+    qwen = model("Qwen/Qwen2-7B-Instruct")
+    flags = {"max_model_len": 16384}
+    graphs = {
+        version: next(line for line in plan(qwen, flags, card, vllm_version=version).lines() if "CUDA graphs" in line)
+        for version in ("0.19.0", "0.25.1", "0.29.0")
+    }
+    assert graphs["0.19.0"].endswith("outside the budget (vLLM < 0.21)")
+    assert graphs["0.25.1"].endswith("outside the budget (Model Runner V2 profiles no graphs before 0.29)")
+    assert graphs["0.29.0"].endswith("subtracted from the KV budget")
