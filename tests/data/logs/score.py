@@ -73,7 +73,9 @@ Three scores are printed:
   rules (BLIND29_RULES_SHA256, commit 102b5ac: round 25's rules, unchanged), split and reported like blind 4.
 - blind 30: more logs (`"batch": "issue23-blind30"`) collected by two helpers blind to the classifier with the
   rules frozen again (BLIND30_RULES_SHA256, commit 70b8f33: round 29's rules), split and reported like blind 4.
-A further line adds up the held-out thirds of blind batches 4-30 (the target of issue 23: 95% on logs no rule saw).
+- blind 31: more logs (`"batch": "issue23-blind31"`) collected by two helpers blind to the classifier with the
+  rules frozen again (BLIND31_RULES_SHA256, commit dc35315: round 30's rules), split and reported like blind 4.
+A further line adds up the held-out thirds of blind batches 4-31 (the target of issue 23: 95% on logs no rule saw).
 `--frozen-held-out` scores each held-out third with its own batch's frozen rules (read from git: the figure of record)
 and splits the total by `error_shown`: `"error_shown": false` marks a failure excerpt that stops before the line
 stating its error (the error only in the issue's title or prose). Batch 10's were marked when it was collected, before
@@ -223,6 +225,10 @@ BLIND29_RULES_SHA256 = BLIND26_RULES_SHA256
 # split in thirds by the same hash rule as batch 4.
 BLIND30_BATCH = "issue23-blind30"
 BLIND30_RULES_SHA256 = "7659080534ebc80980062a6a11a112e19b9ec966e40e272cc5a5efe35a5ad46f"
+# The thirty-first blind batch: frozen again (commit dc35315, round 30's rules) before any of its logs was collected;
+# split in thirds by the same hash rule as batch 4.
+BLIND31_BATCH = "issue23-blind31"
+BLIND31_RULES_SHA256 = "d943b3e98d251acba7d3841ef164b78307f51da84a10f90d1135d947317b9868"
 # The batches split in thirds by the hash rule, with the ordinal their lines are printed with.
 SPLIT_BATCHES = {
     BLIND4_BATCH: "a fourth",
@@ -252,6 +258,7 @@ SPLIT_BATCHES = {
     BLIND28_BATCH: "a twenty-eighth",
     BLIND29_BATCH: "a twenty-ninth",
     BLIND30_BATCH: "a thirtieth",
+    BLIND31_BATCH: "a thirty-first",
 }
 # Every blind batch, in the order collected, with the diagnose.py its rules were frozen at.
 FROZEN_RULES = {
@@ -285,6 +292,7 @@ FROZEN_RULES = {
     BLIND28_BATCH: BLIND28_RULES_SHA256,
     BLIND29_BATCH: BLIND29_RULES_SHA256,
     BLIND30_BATCH: BLIND30_RULES_SHA256,
+    BLIND31_BATCH: BLIND31_RULES_SHA256,
 }
 _OLD_PHASE_WORDS = (
     ("while profiling", "profiling"),
@@ -343,6 +351,7 @@ FROZEN_COMMITS = {
     BLIND28_BATCH: "3a1ed2b2",
     BLIND29_BATCH: "102b5ac9",
     BLIND30_BATCH: "70b8f33f",
+    BLIND31_BATCH: "dc35315c",
 }
 
 
