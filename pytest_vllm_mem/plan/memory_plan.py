@@ -929,7 +929,7 @@ def _gpu_budget(
         ep=s.expert_parallel,
         v2_runner=s.v2_runner,
     )
-    non_torch = gpu_non_torch(s.tp * s.pp, card.nvlink, card.name)
+    non_torch = gpu_non_torch(s.tp, card.nvlink, card.name)  # all-reduce buffers are the TP group's only
     # V2's sampler state, consumed beside the weights (model_runner.py)
     if s.v2_runner and end >= info.num_layers and sampler_state_in_budget(s.version):
         non_torch = non_torch.plus(v2_sampler_state_bytes(max_num_seqs=s.seqs, vocab_size=info.vocab_size))

