@@ -5,7 +5,8 @@ Without a path it scores the working tree's pytest_vllm_mem/diagnosis/diagnose.p
     python tests/data/logs/score.py /tmp/old_diagnose.py
 (before the restructure of issue 21 the module was pytest_vllm_mem/diagnose.py.)
 
-Three scores are printed:
+Three scores are printed (BLINDn_RULES_SHA256 below, as in the corpus README, is batch n's `rules_sha256` in
+FROZEN_BATCHES):
 - corpus: every log the rules may be fitted to;
 - held-out: a third of the 41 logs collected for issue 23 (`"batch": "issue23"` in index.json), chosen by a rule fixed
   before any of them was scored: a log is held out when the SHA-256 of its file name, read as a number, is divisible
@@ -104,196 +105,71 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[2]
 HELD_OUT_BATCH = "issue23"
-BLIND_BATCH = "issue23-blind"
-BLIND_RULES_SHA256 = "5e88b24c88858a7872abe59d3c11408abeda3fef6d466b70e1a6dad51f29be94"
-# The second blind batch: the rules were frozen again (this diagnose.py) before any of its logs was collected.
-BLIND2_BATCH = "issue23-blind2"
-BLIND2_RULES_SHA256 = "c95d7e334f36ae016590dd445473e8efc8afa080b63e8ff199bcaecbf2a27e67"
-# The third blind batch: frozen again (this diagnose.py) before any of its logs was collected.
-BLIND3_BATCH = "issue23-blind3"
-BLIND3_RULES_SHA256 = "1f48afc81a5759ee959287c6690ed1f70e93abb90b58bcea206abba04629ef79"
-# The fourth blind batch: frozen again (this diagnose.py, round 4's general rules) before any of its logs was collected;
-# a third of it held out by the hash rule, the rest in-sample for round 4's later rules.
-BLIND4_BATCH = "issue23-blind4"
-BLIND4_RULES_SHA256 = "17c6cb9e2c2dd93b934c7478205d0c8efb2e291fbcb8ef97c9eb339277c62500"
-# The fifth blind batch: frozen again (this diagnose.py, as of commit 5755b03) before any of its logs was collected;
-# split in thirds by the same hash rule as batch 4.
-BLIND5_BATCH = "issue23-blind5"
-BLIND5_RULES_SHA256 = "37d8cddfed97dd45caa8c91b5f51630bff6da5221f268bb8b7f133b367c8faee"
-# The sixth blind batch: frozen again (this diagnose.py, round 5's final rules) before any of its logs was collected;
-# split in thirds by the same hash rule as batch 4.
-BLIND6_BATCH = "issue23-blind6"
-BLIND6_RULES_SHA256 = "8af206fe1a962db3faa9bc0eed2a83f846151c6b5e6ab82394576a270639414a"
-# The seventh blind batch: frozen again (this diagnose.py, round 6's final rules) before any of its logs was collected;
-# split in thirds by the same hash rule as batch 4.
-BLIND7_BATCH = "issue23-blind7"
-BLIND7_RULES_SHA256 = "71136fe6037ed7ecd5f007f5695a351ca4056a1da14b202e8b8b1d600e70f70e"
-# The eighth blind batch: frozen again (this diagnose.py, round 7's final rules) before any of its logs was collected;
-# split in thirds by the same hash rule as batch 4.
-BLIND8_BATCH = "issue23-blind8"
-BLIND8_RULES_SHA256 = "b7ae90f1f3b0169375c032ad6973b759e61ca41bdadc169e815f7afd84711bcc"
-# The ninth blind batch: frozen again (this diagnose.py, round 8's final rules, the same file as BLIND8_RULES_SHA256)
-# before any of its logs was collected; split in thirds by the same hash rule as batch 4.
-BLIND9_BATCH = "issue23-blind9"
-BLIND9_RULES_SHA256 = BLIND8_RULES_SHA256
-# The tenth blind batch: frozen again (this diagnose.py, round 9's final rules, as of commit 76eb2fe) before any of its
-# logs was collected; split in thirds by the same hash rule as batch 4.
-BLIND10_BATCH = "issue23-blind10"
-BLIND10_RULES_SHA256 = "b98d90ca1e1f6605d24a8d0debf0cb2128d6a31caac393bc1d39bb7d6b1adc50"
-# The eleventh blind batch: frozen again (this diagnose.py, round 11's cut-excerpt rule, commit 63b47c1) before any of
-# its logs was read; split in thirds by the same hash rule as batch 4.
-BLIND11_BATCH = "issue23-blind11"
-BLIND11_RULES_SHA256 = "a9fc9b4174ee2be072e8f7a9c05039b4b066757e5b7f7a2729c24df720eb0121"
-# The twelfth blind batch: frozen again (round 12's final rules, commit b46308a) before any of its logs was read; split
-# in thirds by the same hash rule as batch 4.
-BLIND12_BATCH = "issue23-blind12"
-BLIND12_RULES_SHA256 = "0b89cfa7f301b2931fde9d45603523fdc6d1bbb53a4b24aaca3692f043a81c7d"
-# The thirteenth blind batch: frozen again (commit 847b613, round 12's rules with parse_startup_memory refactored, the
-# same figures) before any of its logs was collected; split in thirds by the same hash rule as batch 4.
-BLIND13_BATCH = "issue23-blind13"
-BLIND13_RULES_SHA256 = "3507970d8465492a5cd88f84d827aeea795a948b976f87e47ee1c86303dcbf79"
-# The fourteenth blind batch: frozen again (commit 8d047ae, round 13's rules) before any of its logs was collected;
-# split in thirds by the same hash rule as batch 4.
-BLIND14_BATCH = "issue23-blind14"
-BLIND14_RULES_SHA256 = "0d2cc5e5cb93368e81d94c891e1368002d7b2ec35a9babe1c893b7e5d55d7dfe"
-# The fifteenth blind batch: frozen again (commit 317cfc0, round 14's rules) before any of its logs was collected;
-# split in thirds by the same hash rule as batch 4.
-BLIND15_BATCH = "issue23-blind15"
-BLIND15_RULES_SHA256 = "41fa85f6e1aff9701a9e97ffc46191a086a16a5c032fdc3a3ef9f91e5ba58ecb"
-# The sixteenth blind batch: frozen again (commit 2d46a01, round 15's rules) before any of its logs was collected;
-# split in thirds by the same hash rule as batch 4.
-BLIND16_BATCH = "issue23-blind16"
-BLIND16_RULES_SHA256 = "4376070570b78fdabf1f317a80461c532a97f34bb8fe283159f165d5f9baf458"
-# The seventeenth blind batch: collected while the rules stayed frozen at round 15's end (the same diagnose.py as
-# BLIND16_RULES_SHA256; no rule was written on batch 16); split in thirds by the same hash rule as batch 4.
-BLIND17_BATCH = "issue23-blind17"
-BLIND17_RULES_SHA256 = BLIND16_RULES_SHA256
-# The eighteenth blind batch: frozen again (commit 8719f98, round 17's rules) before any of its logs was collected;
-# split in thirds by the same hash rule as batch 4.
-BLIND18_BATCH = "issue23-blind18"
-BLIND18_RULES_SHA256 = "194c90173442a5f18009a1367b6216ed891b7cf178d93e809e2fcb80779e723f"
-# The nineteenth blind batch: collected while the rules stayed frozen at round 17's end (no rule was written on batch
-# 18); split in thirds by the same hash rule as batch 4.
-BLIND19_BATCH = "issue23-blind19"
-BLIND19_RULES_SHA256 = BLIND18_RULES_SHA256
-# The twentieth blind batch: frozen again (commit e2e9a8f, round 19's rules) before any of its logs was collected;
-# split in thirds by the same hash rule as batch 4.
-BLIND20_BATCH = "issue23-blind20"
-BLIND20_RULES_SHA256 = "4905882f5a01a9b80d158233b45960a78ebffe372774c019be08743335022d71"
-# The twenty-first blind batch: frozen again (commit 64d6c24, round 20's rules) before any of its logs was collected;
-# split in thirds by the same hash rule as batch 4.
-BLIND21_BATCH = "issue23-blind21"
-BLIND21_RULES_SHA256 = "460c67d6b2bcd4163b3122b9fd9f6082732327082d0d00b9deef785e463c1c6c"
-# The twenty-second blind batch: frozen again (commit 2d4f9b1, round 21's rules) before any of its logs was collected;
-# split in thirds by the same hash rule as batch 4.
-BLIND22_BATCH = "issue23-blind22"
-BLIND22_RULES_SHA256 = "72cc4bd7b0217eb9a2ff8cb6ffe0e6af68f9a55470b2b59f947765a20854cb65"
-# The twenty-third blind batch: the same rules (no rule was written on batch 22), collected after commit 3cb88c2;
-# split in thirds by the same hash rule as batch 4.
-BLIND23_BATCH = "issue23-blind23"
-BLIND23_RULES_SHA256 = BLIND22_RULES_SHA256
-# The twenty-fourth blind batch: frozen again (commit 685d75e, round 23's rules) before any of its logs was collected;
-# split in thirds by the same hash rule as batch 4.
-BLIND24_BATCH = "issue23-blind24"
-BLIND24_RULES_SHA256 = "ae1a3cbf8505296541667a69e0f9f9291ae08769725973d4ff08ac7d9a28d3c5"
-# The twenty-fifth blind batch: the same rules still frozen (commit ca888e1) before any of its logs was collected;
-# split in thirds by the same hash rule as batch 4.
-BLIND25_BATCH = "issue23-blind25"
-BLIND25_RULES_SHA256 = BLIND24_RULES_SHA256
-# The twenty-sixth blind batch: frozen again (commit a8d2b9a, round 25's rules) before any of its logs was collected;
-# split in thirds by the same hash rule as batch 4.
-BLIND26_BATCH = "issue23-blind26"
-BLIND26_RULES_SHA256 = "567fd0da51634367b1b40b6e82cbd279878e7e966a5c2ea3df626573df70b3e1"
-# The twenty-seventh blind batch: the same rules still frozen (commit ee8458c) before any of its logs was collected;
-# split in thirds by the same hash rule as batch 4.
-BLIND27_BATCH = "issue23-blind27"
-BLIND27_RULES_SHA256 = BLIND26_RULES_SHA256
-# The twenty-eighth blind batch: the same rules still frozen (commit 3a1ed2b) before any of its logs was collected;
-# split in thirds by the same hash rule as batch 4.
-BLIND28_BATCH = "issue23-blind28"
-BLIND28_RULES_SHA256 = BLIND26_RULES_SHA256
-# The twenty-ninth blind batch: the same rules still frozen (commit 102b5ac) before any of its logs was collected;
-# split in thirds by the same hash rule as batch 4.
-BLIND29_BATCH = "issue23-blind29"
-BLIND29_RULES_SHA256 = BLIND26_RULES_SHA256
-# The thirtieth blind batch: frozen again (commit 70b8f33, round 29's rules) before any of its logs was collected;
-# split in thirds by the same hash rule as batch 4.
-BLIND30_BATCH = "issue23-blind30"
-BLIND30_RULES_SHA256 = "7659080534ebc80980062a6a11a112e19b9ec966e40e272cc5a5efe35a5ad46f"
-# The thirty-first blind batch: frozen again (commit dc35315, round 30's rules) before any of its logs was collected;
-# split in thirds by the same hash rule as batch 4.
-BLIND31_BATCH = "issue23-blind31"
-BLIND31_RULES_SHA256 = "d943b3e98d251acba7d3841ef164b78307f51da84a10f90d1135d947317b9868"
+
+
+class FrozenBatch(NamedTuple):
+    """One blind batch, collected after its rules were frozen: its number (index.json's batch is "issue23-blind" and
+    "issue23-blindN"), the ordinal its lines print (batches split in thirds only), the SHA-256 of the diagnose.py it
+    was first scored with, and a commit holding that file (read back by --frozen-held-out; split batches only)."""
+
+    number: int
+    ordinal: str | None
+    rules_sha256: str
+    commit: str | None
+
+    @property
+    def batch(self) -> str:
+        return "issue23-blind" if self.number == 1 else f"issue23-blind{self.number}"
+
+
+# Every blind batch, in the order collected. Batches 1-3 are held out whole; from batch 4 each is split in thirds by
+# the hash rule (is_held_out). A batch's history (which round's rules, why) is in the docstring above and in
+# docs/diagnosis.md; adding a batch is one line here.
+FROZEN_BATCHES = (
+    FrozenBatch(1, None, "5e88b24c88858a7872abe59d3c11408abeda3fef6d466b70e1a6dad51f29be94", None),
+    FrozenBatch(2, None, "c95d7e334f36ae016590dd445473e8efc8afa080b63e8ff199bcaecbf2a27e67", None),
+    FrozenBatch(3, None, "1f48afc81a5759ee959287c6690ed1f70e93abb90b58bcea206abba04629ef79", None),
+    FrozenBatch(4, "a fourth", "17c6cb9e2c2dd93b934c7478205d0c8efb2e291fbcb8ef97c9eb339277c62500", "cfe3a128"),
+    FrozenBatch(5, "a fifth", "37d8cddfed97dd45caa8c91b5f51630bff6da5221f268bb8b7f133b367c8faee", "12680133"),
+    FrozenBatch(6, "a sixth", "8af206fe1a962db3faa9bc0eed2a83f846151c6b5e6ab82394576a270639414a", "32feff74"),
+    FrozenBatch(7, "a seventh", "71136fe6037ed7ecd5f007f5695a351ca4056a1da14b202e8b8b1d600e70f70e", "ba51b3d1"),
+    FrozenBatch(8, "an eighth", "b7ae90f1f3b0169375c032ad6973b759e61ca41bdadc169e815f7afd84711bcc", "f1909746"),
+    FrozenBatch(9, "a ninth", "b7ae90f1f3b0169375c032ad6973b759e61ca41bdadc169e815f7afd84711bcc", "f1909746"),
+    FrozenBatch(10, "a tenth", "b98d90ca1e1f6605d24a8d0debf0cb2128d6a31caac393bc1d39bb7d6b1adc50", "76eb2fe8"),
+    FrozenBatch(11, "an eleventh", "a9fc9b4174ee2be072e8f7a9c05039b4b066757e5b7f7a2729c24df720eb0121", "63b47c18"),
+    FrozenBatch(12, "a twelfth", "0b89cfa7f301b2931fde9d45603523fdc6d1bbb53a4b24aaca3692f043a81c7d", "b46308a3"),
+    FrozenBatch(13, "a thirteenth", "3507970d8465492a5cd88f84d827aeea795a948b976f87e47ee1c86303dcbf79", "847b613f"),
+    FrozenBatch(14, "a fourteenth", "0d2cc5e5cb93368e81d94c891e1368002d7b2ec35a9babe1c893b7e5d55d7dfe", "8d047aeb"),
+    FrozenBatch(15, "a fifteenth", "41fa85f6e1aff9701a9e97ffc46191a086a16a5c032fdc3a3ef9f91e5ba58ecb", "317cfc0c"),
+    FrozenBatch(16, "a sixteenth", "4376070570b78fdabf1f317a80461c532a97f34bb8fe283159f165d5f9baf458", "2d46a01d"),
+    FrozenBatch(17, "a seventeenth", "4376070570b78fdabf1f317a80461c532a97f34bb8fe283159f165d5f9baf458", "2d46a01d"),
+    FrozenBatch(18, "an eighteenth", "194c90173442a5f18009a1367b6216ed891b7cf178d93e809e2fcb80779e723f", "8719f989"),
+    FrozenBatch(19, "a nineteenth", "194c90173442a5f18009a1367b6216ed891b7cf178d93e809e2fcb80779e723f", "8719f989"),
+    FrozenBatch(20, "a twentieth", "4905882f5a01a9b80d158233b45960a78ebffe372774c019be08743335022d71", "e2e9a8f1"),
+    FrozenBatch(21, "a twenty-first", "460c67d6b2bcd4163b3122b9fd9f6082732327082d0d00b9deef785e463c1c6c", "64d6c242"),
+    FrozenBatch(22, "a twenty-second", "72cc4bd7b0217eb9a2ff8cb6ffe0e6af68f9a55470b2b59f947765a20854cb65", "2d4f9b1e"),
+    FrozenBatch(23, "a twenty-third", "72cc4bd7b0217eb9a2ff8cb6ffe0e6af68f9a55470b2b59f947765a20854cb65", "3cb88c21"),
+    FrozenBatch(24, "a twenty-fourth", "ae1a3cbf8505296541667a69e0f9f9291ae08769725973d4ff08ac7d9a28d3c5", "685d75ec"),
+    FrozenBatch(25, "a twenty-fifth", "ae1a3cbf8505296541667a69e0f9f9291ae08769725973d4ff08ac7d9a28d3c5", "ca888e1b"),
+    FrozenBatch(26, "a twenty-sixth", "567fd0da51634367b1b40b6e82cbd279878e7e966a5c2ea3df626573df70b3e1", "a8d2b9a9"),
+    FrozenBatch(27, "a twenty-seventh", "567fd0da51634367b1b40b6e82cbd279878e7e966a5c2ea3df626573df70b3e1", "ee8458cb"),
+    FrozenBatch(28, "a twenty-eighth", "567fd0da51634367b1b40b6e82cbd279878e7e966a5c2ea3df626573df70b3e1", "3a1ed2b2"),
+    FrozenBatch(29, "a twenty-ninth", "567fd0da51634367b1b40b6e82cbd279878e7e966a5c2ea3df626573df70b3e1", "102b5ac9"),
+    FrozenBatch(30, "a thirtieth", "7659080534ebc80980062a6a11a112e19b9ec966e40e272cc5a5efe35a5ad46f", "70b8f33f"),
+    FrozenBatch(31, "a thirty-first", "d943b3e98d251acba7d3841ef164b78307f51da84a10f90d1135d947317b9868", "dc35315c"),
+)
+BLIND_BATCH, BLIND2_BATCH, BLIND3_BATCH = (one.batch for one in FROZEN_BATCHES[:3])
 # The batches split in thirds by the hash rule, with the ordinal their lines are printed with.
-SPLIT_BATCHES = {
-    BLIND4_BATCH: "a fourth",
-    BLIND5_BATCH: "a fifth",
-    BLIND6_BATCH: "a sixth",
-    BLIND7_BATCH: "a seventh",
-    BLIND8_BATCH: "an eighth",
-    BLIND9_BATCH: "a ninth",
-    BLIND10_BATCH: "a tenth",
-    BLIND11_BATCH: "an eleventh",
-    BLIND12_BATCH: "a twelfth",
-    BLIND13_BATCH: "a thirteenth",
-    BLIND14_BATCH: "a fourteenth",
-    BLIND15_BATCH: "a fifteenth",
-    BLIND16_BATCH: "a sixteenth",
-    BLIND17_BATCH: "a seventeenth",
-    BLIND18_BATCH: "an eighteenth",
-    BLIND19_BATCH: "a nineteenth",
-    BLIND20_BATCH: "a twentieth",
-    BLIND21_BATCH: "a twenty-first",
-    BLIND22_BATCH: "a twenty-second",
-    BLIND23_BATCH: "a twenty-third",
-    BLIND24_BATCH: "a twenty-fourth",
-    BLIND25_BATCH: "a twenty-fifth",
-    BLIND26_BATCH: "a twenty-sixth",
-    BLIND27_BATCH: "a twenty-seventh",
-    BLIND28_BATCH: "a twenty-eighth",
-    BLIND29_BATCH: "a twenty-ninth",
-    BLIND30_BATCH: "a thirtieth",
-    BLIND31_BATCH: "a thirty-first",
-}
+SPLIT_BATCHES = {one.batch: one.ordinal for one in FROZEN_BATCHES if one.ordinal}
 # Every blind batch, in the order collected, with the diagnose.py its rules were frozen at.
-FROZEN_RULES = {
-    BLIND_BATCH: BLIND_RULES_SHA256,
-    BLIND2_BATCH: BLIND2_RULES_SHA256,
-    BLIND3_BATCH: BLIND3_RULES_SHA256,
-    BLIND4_BATCH: BLIND4_RULES_SHA256,
-    BLIND5_BATCH: BLIND5_RULES_SHA256,
-    BLIND6_BATCH: BLIND6_RULES_SHA256,
-    BLIND7_BATCH: BLIND7_RULES_SHA256,
-    BLIND8_BATCH: BLIND8_RULES_SHA256,
-    BLIND9_BATCH: BLIND9_RULES_SHA256,
-    BLIND10_BATCH: BLIND10_RULES_SHA256,
-    BLIND11_BATCH: BLIND11_RULES_SHA256,
-    BLIND12_BATCH: BLIND12_RULES_SHA256,
-    BLIND13_BATCH: BLIND13_RULES_SHA256,
-    BLIND14_BATCH: BLIND14_RULES_SHA256,
-    BLIND15_BATCH: BLIND15_RULES_SHA256,
-    BLIND16_BATCH: BLIND16_RULES_SHA256,
-    BLIND17_BATCH: BLIND17_RULES_SHA256,
-    BLIND18_BATCH: BLIND18_RULES_SHA256,
-    BLIND19_BATCH: BLIND19_RULES_SHA256,
-    BLIND20_BATCH: BLIND20_RULES_SHA256,
-    BLIND21_BATCH: BLIND21_RULES_SHA256,
-    BLIND22_BATCH: BLIND22_RULES_SHA256,
-    BLIND23_BATCH: BLIND23_RULES_SHA256,
-    BLIND24_BATCH: BLIND24_RULES_SHA256,
-    BLIND25_BATCH: BLIND25_RULES_SHA256,
-    BLIND26_BATCH: BLIND26_RULES_SHA256,
-    BLIND27_BATCH: BLIND27_RULES_SHA256,
-    BLIND28_BATCH: BLIND28_RULES_SHA256,
-    BLIND29_BATCH: BLIND29_RULES_SHA256,
-    BLIND30_BATCH: BLIND30_RULES_SHA256,
-    BLIND31_BATCH: BLIND31_RULES_SHA256,
-}
+FROZEN_RULES = {one.batch: one.rules_sha256 for one in FROZEN_BATCHES}
+# A commit whose diagnose.py is each split batch's frozen file (checked against FROZEN_RULES when it is read).
+FROZEN_COMMITS = {one.batch: one.commit for one in FROZEN_BATCHES if one.commit}
 _OLD_PHASE_WORDS = (
     ("while profiling", "profiling"),
     ("while allocating the KV cache", "kv_cache_allocation"),
@@ -320,39 +196,6 @@ def frozen_label(digest: str) -> str:
     if len(numbers) == 1:
         return f" (the rules frozen for blind batch {numbers[0]})"
     return f" (the rules frozen for blind batches {', '.join(numbers[:-1])} and {numbers[-1]})"
-
-
-# A commit whose diagnose.py is each split batch's frozen file (checked against FROZEN_RULES when it is read).
-FROZEN_COMMITS = {
-    BLIND4_BATCH: "cfe3a128",
-    BLIND5_BATCH: "12680133",
-    BLIND6_BATCH: "32feff74",
-    BLIND7_BATCH: "ba51b3d1",
-    BLIND8_BATCH: "f1909746",
-    BLIND9_BATCH: "f1909746",
-    BLIND10_BATCH: "76eb2fe8",
-    BLIND11_BATCH: "63b47c18",
-    BLIND12_BATCH: "b46308a3",
-    BLIND13_BATCH: "847b613f",
-    BLIND14_BATCH: "8d047aeb",
-    BLIND15_BATCH: "317cfc0c",
-    BLIND16_BATCH: "2d46a01d",
-    BLIND17_BATCH: "2d46a01d",
-    BLIND18_BATCH: "8719f989",
-    BLIND19_BATCH: "8719f989",
-    BLIND20_BATCH: "e2e9a8f1",
-    BLIND21_BATCH: "64d6c242",
-    BLIND22_BATCH: "2d4f9b1e",
-    BLIND23_BATCH: "3cb88c21",
-    BLIND24_BATCH: "685d75ec",
-    BLIND25_BATCH: "ca888e1b",
-    BLIND26_BATCH: "a8d2b9a9",
-    BLIND27_BATCH: "ee8458cb",
-    BLIND28_BATCH: "3a1ed2b2",
-    BLIND29_BATCH: "102b5ac9",
-    BLIND30_BATCH: "70b8f33f",
-    BLIND31_BATCH: "dc35315c",
-}
 
 
 def frozen_module(batch: str, folder: Path) -> ModuleType:
