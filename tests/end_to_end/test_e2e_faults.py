@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 from e2e import CACHE_DIR, TOKEN_VAR, SessionWatcher, processes_with_token, run_inner
-from stubs.helpers import kill_quietly, popen_pytest, reap, running
+from stubs.helpers import described, kill_quietly, popen_pytest, reap, running
 
 from pytest_vllm_mem.launch import lifeline
 
@@ -96,7 +96,7 @@ def test_sigkill_of_pytest_leaves_no_server_process_and_no_segment(pytester: pyt
                 procs = _ours(token, watcher, process.pid)
                 seen.update((proc.pid, proc) for proc in procs)
                 segments |= _shm(list(seen))
-                if phase == "startup" and any("EngineCore" in proc.name() for proc in procs if running([proc.pid])):
+                if phase == "startup" and any("EngineCore" in described(proc) for proc in procs):
                     break
                 if phase == "load" and (pytester.path / "loading").exists():
                     time.sleep(2)
@@ -105,7 +105,7 @@ def test_sigkill_of_pytest_leaves_no_server_process_and_no_segment(pytester: pyt
             procs = _ours(token, watcher, process.pid)
             seen.update((proc.pid, proc) for proc in procs)
             segments |= _shm(list(seen))
-            watchdogs = [proc.pid for proc in procs if "lifeline" in " ".join(proc.cmdline())]
+            watchdogs = [proc.pid for proc in procs if "lifeline" in described(proc)]
             servers = [pid for pid in seen if pid not in watchdogs]
             killed = time.monotonic()
             process.send_signal(signal.SIGKILL)
@@ -126,7 +126,7 @@ def test_sigkill_of_pytest_leaves_no_server_process_and_no_segment(pytester: pyt
             kill_quietly(list(seen) + [proc.pid for proc in watcher.leftovers()])
     # Named semaphores (sem.mp-*) too: they are the resource tracker's to remove, and it does when it is killed last.
     new = sorted(set(os.listdir("/dev/shm")) - before)
-    assert len(watchdogs) == 1, [" ".join(psutil.Process(pid).cmdline()) for pid in watchdogs]
+    assert len(watchdogs) == 1, [described(psutil.Process(pid)) for pid in running(watchdogs)]
     assert len(servers) >= 3  # the API server, its engine, multiprocessing's resource tracker
     if phase == "load":  # a serving vLLM has its message queues in shared memory: the clean-up is needed
         assert any(path.startswith("/dev/shm/psm_") for path in segments), segments

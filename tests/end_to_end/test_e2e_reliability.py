@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 from e2e import CACHE_DIR, TOKEN_VAR, processes_with_token, record, run_inner
-from stubs.helpers import Figures, kill_quietly, popen_pytest, reap, running
+from stubs.helpers import Figures, described, kill_quietly, popen_pytest, reap, running
 
 from pytest_vllm_mem.launch.server import SERVER_MODULE, STARTING_STOP_GRACE_S
 from pytest_vllm_mem.versions import LAUNCHER
@@ -206,7 +206,7 @@ def test_interrupting_pytest_during_a_real_startup_stops_every_server_process(
             assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             procs = _server_processes(token, process.pid)
             seen.update(proc.pid for proc in procs)
-            if sum("EngineCore" in proc.name() for proc in procs if running([proc.pid])) >= len(cases):
+            if sum("EngineCore" in described(proc) for proc in procs) >= len(cases):
                 break
             time.sleep(0.2)
         seen.update(proc.pid for proc in _server_processes(token, process.pid))

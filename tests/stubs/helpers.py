@@ -73,6 +73,15 @@ def running(pids: Iterable[int]) -> list[int]:
     return alive
 
 
+def described(proc: psutil.Process) -> str:
+    """A process's name and command line, or "" once it has exited: a listing of processes goes stale while it is read
+    (a fresh-clone CI run failed on a compile helper that exited between the listing and its cmdline)."""
+    try:
+        return f"{proc.name()} {' '.join(proc.cmdline())}"
+    except psutil.Error:
+        return ""
+
+
 def wait_gone(pids: Collection[int], timeout_s: float) -> float:
     """Seconds until none of `pids` runs; raises AssertionError naming the survivors after `timeout_s`."""
     started = time.monotonic()
