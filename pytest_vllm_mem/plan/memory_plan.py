@@ -91,6 +91,10 @@ class Estimate:
         """The figure with `extra` bytes held at every end of its range (a fixed buffer beside it)."""
         return Estimate(self.value + extra, self.low + extra, self.high + extra, source or self.source)
 
+    def reaching(self, extra_high: int) -> Estimate:
+        """The figure with its range's upper end `extra_high` bytes further (a cost that may or may not come)."""
+        return Estimate(self.value, self.low, self.high + extra_high, "estimate")
+
     def to_dict(self) -> dict[str, Any]:
         return {"value": self.value, "low": self.low, "high": self.high, "source": self.source}
 
@@ -185,10 +189,11 @@ class Plan:
         else:
             out.append(f"  activation  {self.activation.gib()} [{self.activation.source}]")
             out.append(f"  non-torch   {self.non_torch.gib()} [{self.non_torch.source}]")
-            where = "subtracted from the KV budget"
-            if not self.graph_in_budget and release(self.vllm_version) >= GRAPH_IN_BUDGET_SINCE:
+            if self.graph_in_budget:
+                where = "subtracted from the KV budget"
+            elif release(self.vllm_version) >= GRAPH_IN_BUDGET_SINCE:
                 where = "outside the budget (Model Runner V2 profiles no graphs before 0.29)"
-            elif not self.graph_in_budget:
+            else:
                 where = "outside the budget (vLLM < 0.21)"
             out.append(f"  CUDA graphs {self.graph.gib()} [{self.graph.source}], {where}")
         out.append(
@@ -936,11 +941,11 @@ def _gpu_budget(
     by_count = s.graph_in_budget and not (info.state is not None and release(s.version) >= GDN_TRANSIENT_SINCE)
     graph = gpu_graphs(info, eager=s.eager, max_num_seqs=s.seqs, tp=s.tp, in_budget=by_count, batched_tokens=s.batched)
     if s.encoder_profiled and start == 0:  # the towers sit on the first stage; their profile is not modelled
-        activation = Estimate(activation.value, activation.low, activation.high + ENCODER_PROFILE_HEADROOM, "estimate")
+        activation = activation.reaching(ENCODER_PROFILE_HEADROOM)
     if cal.activation_bytes is not None:
         activation = Estimate.exact(cal.activation_bytes, "calibrated")
     if segments_may_pin(s.version):  # freed profile segments may be counted as consumed (pinned_segments.py)
-        non_torch = Estimate(non_torch.value, non_torch.low, non_torch.high + activation.high, "estimate")
+        non_torch = non_torch.reaching(activation.high)
     if cal.non_torch_bytes is not None:
         non_torch = Estimate.exact(cal.non_torch_bytes, "calibrated")
     if cal.graph_bytes is not None and not s.eager:

@@ -206,7 +206,7 @@ def test_interrupting_pytest_during_a_real_startup_stops_every_server_process(
             assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             procs = _server_processes(token, process.pid)
             seen.update(proc.pid for proc in procs)
-            if sum("EngineCore" in described(proc) for proc in procs) >= len(cases):
+            if sum("EngineCore" in described(proc) for proc in procs if running([proc.pid])) >= len(cases):
                 break
             time.sleep(0.2)
         seen.update(proc.pid for proc in _server_processes(token, process.pid))
